@@ -1,0 +1,48 @@
+# setpo: `make demo` runs the main job on the embedded defaults, `make test` runs every test suite.
+# Each target builds the virtual environment it needs on first use (see the README's quick start).
+
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# torch first, from the machine's CPU wheel: letting a dependency pull `torch` would fetch a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PYTHONUNBUFFERED := 1
+
+# Suites run by `make test`; each mk/*.mk file adds its own (trainer, integrations, deployment).
+TEST_TARGETS := test-service
+.PHONY: venv demo test bench lock clean $(TEST_TARGETS)
+
+venv: $(STAMP)
+$(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml services/embedding_server/pyproject.toml clients/python/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install $(TORCH)
+	$(PIP) install -c requirements/dev.lock -r requirements/dev.txt \
+		-e core -e services/embedding_server -e clients/python
+	touch $@
+
+include $(wildcard mk/*.mk)
+
+test: $(TEST_TARGETS)
+
+test-service: $(STAMP)
+	$(PY) -m pytest tests/core tests/server tests/client
+
+demo: $(STAMP)
+	$(PY) examples/math_solutions_demo.py
+
+bench: $(STAMP)
+	$(PY) benchmarks/loo_closed_form.py
+	$(PY) benchmarks/http_vs_inprocess.py
+
+lock: $(STAMP)
+	{ sed -n '1,2p' requirements/dev.lock; $(PIP) freeze --exclude-editable | grep -v '^torch=='; } > requirements/dev.lock.new
+	mv requirements/dev.lock.new requirements/dev.lock
+
+clean:
+	rm -rf $(VENV) .venv-* .pytest_cache .hypothesis

@@ -1,0 +1,121 @@
+"""The wire types of the setpo HTTP contract v1, as the client sees them.
+
+The server's pydantic models are the source of truth; tests/client/test_schema_drift.py checks that every
+model here has the same fields, types and required set as the server's /openapi.json. Responses ignore
+unknown fields, so a newer server that adds a field does not break an older client.
+"""
+
+import base64
+import struct
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field fails here, before any network call
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Group(_Request):
+    """One prompt's responses: `texts` (embedded by the server) or `embeddings`; `rewards` for advantages."""
+
+    texts: list[str] | None = None
+    embeddings: list[list[float]] | None = None
+    rewards: list[float] | None = None
+
+
+class DiversityRequest(_Request):
+    groups: list[Group]
+    weight: float | None = None
+
+
+class GroupResult(_Response):
+    marginals: list[float]
+    local_mass: list[float]
+    set_score: float
+    saturation: float
+    advantages: list[float] | None = None
+
+
+class DiversityUsage(_Response):
+    texts: int
+    unique_texts: int
+    tokens: int
+    truncated: int
+
+
+class DiversityResponse(_Response):
+    model: str
+    groups: list[GroupResult]
+    usage: DiversityUsage
+
+
+class EmbeddingsRequest(_Request):
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class Embedding(_Response):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+    def floats(self) -> list[float]:
+        """The vector as floats, decoding base64 (little-endian float32) when that was asked for."""
+        if isinstance(self.embedding, list):
+            return self.embedding
+        raw = base64.b64decode(self.embedding)
+        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+class EmbeddingsUsage(_Response):
+    prompt_tokens: int
+    total_tokens: int
+    truncated: int
+
+
+class EmbeddingsResponse(_Response):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class Limits(_Response):
+    max_groups: int
+    max_group_size: int
+    max_text_chars: int
+    max_body_bytes: int
+    max_batch_tokens: int
+    max_queue_texts: int
+
+
+class Info(_Response):
+    version: str
+    model: str
+    model_path: str
+    dimension: int
+    max_tokens: int
+    device: str
+    dtype: str
+    truncation_side: str
+    shape: str
+    default_weight: float
+    limits: Limits
+
+
+class ErrorDetail(_Response):
+    message: str
+    type: str
+    param: str | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorDetail

@@ -1,0 +1,1 @@
+"""SetPO core: the paper's math, shared by the server, the trainers and the tests."""

@@ -1,0 +1,152 @@
+"""Coalesces concurrent requests into token-budget batches for the model (the middle stage of a request).
+
+A request's unique texts are counted in tokens in a worker thread, then queued as one job. A single
+asyncio task takes jobs first-in first-out until the next would overflow SETPO_MAX_BATCH_TOKENS, merges
+identical texts across them, and hands the set to one dedicated forward thread, which sorts it by length
+and runs the model in budget-sized chunks. The event loop never runs the model, and one thread owning
+the model means no forward ever competes with another for the cores.
+"""
+
+import asyncio
+import math
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import torch
+from starlette.concurrency import run_in_threadpool
+
+from setpo_server import metrics
+from setpo_server.backend import Backend
+
+
+class Overloaded(Exception):
+    def __init__(self, queued_texts: int, retry_after: int):
+        super().__init__(f"{queued_texts} texts are already queued")
+        self.queued_texts, self.retry_after = queued_texts, retry_after
+
+
+class Embedded(NamedTuple):
+    embeddings: torch.Tensor  # (n, dim) float32, unit rows, in the order of the texts given
+    tokens: list[int]  # tokens per text after truncation
+    truncated: list[bool]
+
+
+@dataclass
+class _Job:
+    texts: list[str]
+    tokens: list[int]
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Batcher:
+    def __init__(self, backend: Backend, max_batch_tokens: int, max_queue_texts: int):
+        self.backend = backend
+        self.max_batch_tokens = max_batch_tokens
+        self.max_queue_texts = max_queue_texts
+        self._queue: deque[_Job] = deque()
+        self._queued_texts = 0
+        self._queued_tokens = 0
+        self._wakeup = asyncio.Event()
+        self._forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="setpo-forward")
+        self._tokens_per_second = 0.0  # measured on real batches; sizes the Retry-After hint
+        self._worker = asyncio.create_task(self._run(), name="setpo-batcher")
+
+    async def embed(self, texts: list[str]) -> Embedded:
+        """Embed distinct texts, at most max_queue_texts of them. Raises Overloaded when the queue is full."""
+        self._check_room(len(texts))  # cheap refusal before spending CPU on tokenising
+        counts = await run_in_threadpool(self.backend.count_tokens, texts)
+        self._check_room(len(texts))
+        tokens = [min(count, self.backend.max_tokens) for count in counts]
+        truncated = [count > self.backend.max_tokens for count in counts]
+        metrics.TEXTS_TRUNCATED.inc(sum(truncated))
+
+        job = _Job(texts, tokens)
+        self._queue.append(job)
+        self._queued_texts += len(texts)
+        self._queued_tokens += sum(tokens)
+        metrics.QUEUE_TEXTS.set(self._queued_texts)
+        self._wakeup.set()
+        # If the caller goes away, awaiting here is cancelled, which cancels the future: the worker then
+        # skips the job instead of computing it.
+        return Embedded(await job.future, tokens, truncated)
+
+    def _check_room(self, count: int) -> None:
+        if self._queued_texts + count > self.max_queue_texts:
+            wait = self._queued_tokens / self._tokens_per_second if self._tokens_per_second else 1.0
+            raise Overloaded(self._queued_texts, max(1, math.ceil(wait)))
+
+    def _take_jobs(self) -> list[_Job]:
+        """Jobs in arrival order until the next would overflow the token budget (always at least one)."""
+        jobs, tokens = [], 0
+        while self._queue:
+            job = self._queue[0]
+            if jobs and tokens + sum(job.tokens) > self.max_batch_tokens:
+                break
+            self._queue.popleft()
+            self._queued_texts -= len(job.texts)
+            self._queued_tokens -= sum(job.tokens)
+            if job.future.done():  # cancelled: its caller is gone
+                continue
+            jobs.append(job)
+            tokens += sum(job.tokens)
+        metrics.QUEUE_TEXTS.set(self._queued_texts)
+        return jobs
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            jobs = self._take_jobs()
+            if not jobs:
+                continue
+            unique: dict[str, int] = {}  # text -> tokens, first occurrence order
+            for job in jobs:
+                unique.update(zip(job.texts, job.tokens))
+            metrics.TEXTS_DEDUPLICATED.inc(sum(len(job.texts) for job in jobs) - len(unique))
+            texts = list(unique)
+            abandoned = lambda: all(job.future.done() for job in jobs)  # noqa: E731  every caller has gone
+            try:
+                rows = await loop.run_in_executor(self._forward_thread, self._forward, texts, list(unique.values()), abandoned)
+            except Exception as exc:  # a model failure fails these requests, not the service
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                continue
+            if rows is None:
+                continue
+            position = {text: i for i, text in enumerate(texts)}
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_result(rows[[position[text] for text in job.texts]])
+
+    def _forward(self, texts: list[str], tokens: list[int], abandoned: Callable[[], bool]) -> torch.Tensor | None:
+        """Runs on the forward thread: longest first, chunks whose padded size fits the token budget.
+        Stops between chunks (returning None) once every caller of the batch has gone."""
+        start_time = time.perf_counter()
+        order = sorted(range(len(texts)), key=tokens.__getitem__, reverse=True)
+        rows = torch.empty(len(texts), self.backend.dimension)  # (n, dim)
+        start = 0
+        while start < len(order):
+            if abandoned():
+                return None
+            longest = tokens[order[start]]  # sorted, so every later text pads to this length or less
+            chunk = order[start : start + max(1, self.max_batch_tokens // longest)]
+            rows[chunk] = self.backend.encode([texts[i] for i in chunk])
+            metrics.BATCH_SIZE.observe(len(chunk))
+            metrics.BATCH_TOKENS.observe(len(chunk) * longest)
+            start += len(chunk)
+        metrics.TEXTS_EMBEDDED.inc(len(texts))
+        self._tokens_per_second = sum(tokens) / max(time.perf_counter() - start_time, 1e-6)
+        return rows
+
+    async def close(self) -> None:
+        self._worker.cancel()
+        for job in self._queue:
+            job.future.cancel()
+        self._forward_thread.shutdown(wait=True, cancel_futures=True)

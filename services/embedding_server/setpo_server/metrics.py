@@ -1,0 +1,50 @@
+"""Prometheus metrics, served at GET /metrics, and the middleware that times every request."""
+
+import time
+
+from prometheus_client import Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REQUESTS = Counter("setpo_requests_total", "HTTP requests answered", ["route", "status"])
+LATENCY = Histogram(
+    "setpo_request_duration_seconds",
+    "HTTP request latency",
+    ["route", "status"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+QUEUE_TEXTS = Gauge("setpo_queue_texts", "Texts waiting to be embedded")
+BATCH_SIZE = Histogram("setpo_batch_size", "Texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+BATCH_TOKENS = Histogram(
+    "setpo_batch_tokens", "Padded tokens per forward pass", buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+)
+TEXTS_EMBEDDED = Counter("setpo_texts_embedded_total", "Texts run through the model")
+TEXTS_DEDUPLICATED = Counter("setpo_texts_deduplicated_total", "Texts answered from an identical text in the same batch")
+TEXTS_TRUNCATED = Counter("setpo_texts_truncated_total", "Texts cut to the model's maximum length")
+READY = Gauge("setpo_ready", "1 once the model is loaded and warmed up")
+
+
+class RequestMetrics:
+    """Counts and times each request by route template (not raw path, to keep label cardinality bounded)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500  # if the app dies before answering, that is what the caller saw
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            route = scope.get("route")
+            labels = (getattr(route, "path", "unmatched"), str(status))
+            REQUESTS.labels(*labels).inc()
+            LATENCY.labels(*labels).observe(time.perf_counter() - start)

@@ -1,0 +1,148 @@
+"""The HTTP contract v1, once: request and response bodies as pydantic models.
+
+These models are the source of truth. FastAPI publishes them in /openapi.json, and the client's own types
+are tested against that schema (tests/client/test_schema_drift.py).
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# JSON numbers only (strict: no "1.5" strings, no booleans), and never NaN or infinity.
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class Group(BaseModel):
+    """One prompt's responses: give `texts` (embedded by the server) or `embeddings` (used as given)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    texts: list[str] | None = Field(None, description="Responses to embed with the server's model.")
+    embeddings: list[list[Finite]] | None = Field(None, description="Precomputed embeddings, one row per response.")
+    rewards: list[Finite] | None = Field(None, description="One reward per response; asks for shaped advantages.")
+
+    @model_validator(mode="after")
+    def _one_kind_of_member(self) -> "Group":
+        if (self.texts is None) == (self.embeddings is None):
+            raise ValueError("give exactly one of 'texts' or 'embeddings'")
+        size = len(self.texts if self.texts is not None else self.embeddings)
+        if size < 3:
+            raise ValueError(f"has {size} members; leave-one-out marginals need at least 3")
+        if self.embeddings is not None:
+            dims = {len(row) for row in self.embeddings}
+            if len(dims) > 1:
+                raise ValueError(f"embeddings are ragged: rows have lengths {sorted(dims)}")
+            if dims == {0}:
+                raise ValueError("embeddings have no dimensions")
+        if self.rewards is not None and len(self.rewards) != size:
+            raise ValueError(f"has {size} members but {len(self.rewards)} rewards")
+        return self
+
+    @property
+    def size(self) -> int:
+        return len(self.texts if self.texts is not None else self.embeddings)
+
+
+class DiversityRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    groups: list[Group] = Field(min_length=1)
+    weight: Annotated[Finite, Field(ge=0)] | None = Field(
+        None, description="lambda in A^ = A + lambda * s; the server's SETPO_WEIGHT when omitted."
+    )
+
+
+class GroupResult(BaseModel):
+    marginals: list[float] = Field(description="Leave-one-out marginal s_i of each response.")
+    local_mass: list[float] = Field(description="Local mass m_i: mean similarity of each response to the others.")
+    set_score: float = Field(description="Set score D(S) of the whole group.")
+    saturation: float = Field(description="Share of response pairs with similarity above 0.95.")
+    advantages: list[float] | None = Field(
+        None, description="Shaped advantages A + lambda * s; present only when the group gave rewards."
+    )
+
+
+class DiversityUsage(BaseModel):
+    texts: int = Field(description="Texts in the request.")
+    unique_texts: int = Field(description="Distinct texts, each embedded once.")
+    tokens: int = Field(description="Tokens of all texts sent, after truncation.")
+    truncated: int = Field(description="Texts cut to the model's maximum length.")
+
+
+class DiversityResponse(BaseModel):
+    model: str
+    groups: list[GroupResult]
+    usage: DiversityUsage
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI-compatible embeddings request."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input: str | list[str]
+    model: str | None = Field(None, description="Optional; must name the served model when given.")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, description="Keep the first n dimensions and renormalise.")
+    user: str | None = Field(None, description="Accepted for OpenAI compatibility; not used.")
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_ids(cls, value):
+        if isinstance(value, list) and value and not isinstance(value[0], str):
+            raise ValueError("token-id input is not supported; send text (a string or a list of strings)")
+        if isinstance(value, list) and not value:
+            raise ValueError("input is an empty list; send at least one string")
+        return value
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="Floats, or base64 of little-endian float32 bytes.")
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    truncated: int = Field(description="Texts cut to the model's maximum length.")
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class Limits(BaseModel):
+    max_groups: int
+    max_group_size: int
+    max_text_chars: int
+    max_body_bytes: int
+    max_batch_tokens: int
+    max_queue_texts: int
+
+
+class Info(BaseModel):
+    version: str
+    model: str
+    model_path: str
+    dimension: int
+    max_tokens: int
+    device: str
+    dtype: str
+    truncation_side: str
+    shape: str
+    default_weight: float
+    limits: Limits
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="What is wrong and, where it helps, what to do.")
+    type: str
+    param: str | None = Field(None, description="The field or group at fault, e.g. groups[2].rewards.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

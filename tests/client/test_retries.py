@@ -1,0 +1,90 @@
+"""The client's retry policy against a real server that goes away and comes back."""
+
+import asyncio
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from setpo_client import AsyncSetpoClient, SetpoAPIError, SetpoClient, SetpoConnectionError, SetpoTimeoutError
+from setpo_client.client import backoff_delay
+from setpo_server.local import LocalServer, free_port
+
+GROUP = {"texts": ["one way", "another way", "a third way"]}
+
+
+def test_backoff_grows_exponentially_with_jitter_capped_and_honours_retry_after():
+    for attempt in range(8):
+        ceiling = min(4.0, 0.25 * 2**attempt)
+        delays = [backoff_delay(attempt, 0.25, 4.0) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(set(delays)) > 100  # jittered, not lockstep
+    assert backoff_delay(0, 0.25, 4.0, retry_after="7") == 7.0
+    assert backoff_delay(0, 0.25, 4.0, retry_after="Wed, 21 Oct 2015 07:28:00 GMT") <= 0.25
+
+
+def test_client_rides_out_a_server_restart():
+    port = free_port()
+    first = LocalServer(port=port).start()
+    with SetpoClient(first.url) as client:
+        before = client.diversity([GROUP]).groups[0].marginals
+    first.stop()
+
+    outcome = {}
+
+    def call():
+        with SetpoClient(first.url, max_retries=20, backoff=0.25, max_backoff=2.0) as client:
+            outcome["marginals"] = client.diversity([GROUP]).groups[0].marginals
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1.5)  # the caller is now retrying against a closed port
+    assert caller.is_alive()
+    second = LocalServer(port=port).start(wait=False)  # answers 503 + Retry-After while it loads, then 200
+    try:
+        caller.join(timeout=120)
+        assert outcome["marginals"] == pytest.approx(before, abs=1e-6)
+    finally:
+        second.stop()
+
+
+def test_gives_up_after_a_bounded_number_of_retries():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    start = time.monotonic()
+    with SetpoClient(url, max_retries=3, backoff=0.2) as client, pytest.raises(SetpoConnectionError, match="after 4 attempts"):
+        client.diversity([GROUP])
+    assert 0.7 <= time.monotonic() - start < 10  # 0.1-0.2 + 0.2-0.4 + 0.4-0.8 s of backoff
+
+    async def async_call():
+        async with AsyncSetpoClient(url, max_retries=2, backoff=0.1) as client:
+            await client.diversity([GROUP])
+
+    with pytest.raises(SetpoConnectionError, match="after 3 attempts"):
+        asyncio.run(async_call())
+
+
+def test_a_4xx_is_raised_at_once_not_retried(server):
+    def count_422() -> float:
+        found = re.search(r'^setpo_requests_total\{route="/v1/diversity",status="422"\} (\S+)$', httpx.get(server.url + "/metrics").text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    before = count_422()
+    with SetpoClient(server.url, max_retries=5) as client, pytest.raises(SetpoAPIError, match="at least 3"):
+        client.diversity([{"texts": ["a", "b"]}])
+    assert count_422() - before == 1
+
+
+def test_a_slow_answer_is_a_timeout_error_not_a_hang(server):
+    texts = [f"draft {i} " + "word " * 250 for i in range(300)]  # seconds of model time on 2 cores
+    timeout = httpx.Timeout(10.0, read=0.2)
+    start = time.monotonic()
+    with SetpoClient(server.url, timeout=timeout) as client, pytest.raises(SetpoTimeoutError):
+        client.embeddings(texts)
+    assert time.monotonic() - start < 5
+
+
+def test_local_type_errors_fail_before_any_request():
+    with SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0) as client, pytest.raises(ValueError, match="lambda"):
+        client.diversity([{**GROUP, "lambda": 0.1}])

@@ -1,0 +1,54 @@
+"""The client's wire types against the running server's /openapi.json: same fields, types and required."""
+
+import httpx
+import pytest
+
+from setpo_client import types
+
+REQUESTS = ["Group", "DiversityRequest", "EmbeddingsRequest"]
+RESPONSES = ["GroupResult", "DiversityUsage", "DiversityResponse", "Embedding", "EmbeddingsUsage", "EmbeddingsResponse",
+             "Limits", "Info", "ErrorDetail", "ErrorResponse"]
+FASTAPI_OWN = {"HTTPValidationError", "ValidationError"}
+KEEP = {"type", "properties", "required", "items", "anyOf", "const", "enum", "$ref", "additionalProperties"}
+
+
+def shape(schema):
+    """A schema reduced to structure: types, fields, required, references by name. Titles, descriptions,
+    defaults and value constraints are the server's business and are dropped."""
+    if isinstance(schema, dict):
+        out = {}
+        for key, value in schema.items():
+            if key == "$ref":
+                out[key] = value.rsplit("/", 1)[-1]
+            elif key == "properties":
+                out[key] = {name: shape(sub) for name, sub in value.items()}
+            elif key == "required":
+                out[key] = sorted(value)
+            elif key in KEEP:
+                out[key] = shape(value)
+        return out
+    if isinstance(schema, list):
+        return [shape(item) for item in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def server_schemas(server):
+    return httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]
+
+
+@pytest.mark.parametrize("name", REQUESTS + RESPONSES)
+def test_client_type_matches_server_schema(server_schemas, name):
+    mode = "validation" if name in REQUESTS else "serialization"
+    client_schema = getattr(types, name).model_json_schema(mode=mode)
+    assert name in server_schemas, f"server no longer publishes {name}"
+    expected = shape(server_schemas[name])
+    actual = shape(client_schema)
+    if name not in REQUESTS:
+        actual.pop("additionalProperties", None)  # responses ignore unknown fields on purpose
+    assert actual == expected
+
+
+def test_every_server_schema_has_a_client_type(server_schemas):
+    missing = set(server_schemas) - set(REQUESTS) - set(RESPONSES) - FASTAPI_OWN
+    assert not missing, f"the server publishes types the client does not know: {missing}"

@@ -1,0 +1,29 @@
+"""Fixtures shared by the integration tests: the real setpo-server, on a free 127.0.0.1 port, with the
+real embedded model, driven over HTTP by the real client."""
+
+import pytest
+
+from setpo_client import SetpoClient
+from setpo_server.local import LocalServer
+
+
+@pytest.fixture(scope="session")
+def server():
+    with LocalServer() as running:
+        yield running
+
+
+@pytest.fixture
+def client(server):
+    with SetpoClient(server.url, max_retries=2) as setpo:
+        yield setpo
+
+
+@pytest.fixture(scope="session")
+def st_model():
+    """The same model in-process, as the reference the service must agree with."""
+    from sentence_transformers import SentenceTransformer
+
+    from setpo_server.backend import embedded_model_path
+
+    return SentenceTransformer(embedded_model_path(), device="cpu")

@@ -1,0 +1,123 @@
+"""Every kind of bad input gets a clear 4xx naming what is wrong; none is a 500; the server keeps serving."""
+
+import httpx
+import pytest
+
+from setpo_client import SetpoAPIError, SetpoClient
+from setpo_server.local import LocalServer
+
+OK_GROUP = {"texts": ["one way", "another way", "a third way"]}
+
+
+def post(server, path: str, body) -> httpx.Response:
+    if isinstance(body, (dict, list)):
+        return httpx.post(server.url + path, json=body, timeout=30)
+    return httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=30)
+
+
+CASES = [
+    # (what, body, status, param, words the message must contain)
+    ("not JSON", b'{"groups": [', 400, None, "not valid JSON"),
+    ("no groups", {"groups": []}, 422, "groups", "at least 1"),
+    ("unknown field", {"groups": [OK_GROUP], "lambda": 0.1}, 422, "lambda", "Extra inputs"),
+    ("texts not strings", {"groups": [{"texts": ["a", 5, "c"]}]}, 422, "groups[0].texts[1]", "valid string"),
+    ("reward as string", {"groups": [{**OK_GROUP, "rewards": [1, "0.5", 0]}]}, 422, "groups[0].rewards[1]", "valid number"),
+    ("weight as string", {"groups": [OK_GROUP], "weight": "0.1"}, 422, "weight", "valid number"),
+    ("negative weight", {"groups": [OK_GROUP], "weight": -1}, 422, "weight", "greater than or equal to 0"),
+    ("NaN embedding", b'{"groups": [{"embeddings": [[NaN, 1], [1, 2], [3, 4]]}]}', 422, "groups[0].embeddings[0][0]", "finite"),
+    ("infinite reward", b'{"groups": [{"texts": ["a", "b", "c"], "rewards": [1e999, 0, 1]}]}', 422, "groups[0].rewards[0]", "finite"),
+    ("ragged embeddings", {"groups": [OK_GROUP, {"embeddings": [[1, 2], [3], [4, 5]]}]}, 422, "groups[1]", "ragged"),
+    ("empty embeddings", {"groups": [{"embeddings": [[], [], []]}]}, 422, "groups[0]", "no dimensions"),
+    ("texts and embeddings", {"groups": [{**OK_GROUP, "embeddings": [[1], [2], [3]]}]}, 422, "groups[0]", "exactly one"),
+    ("neither", {"groups": [{"rewards": [1, 0, 1]}]}, 422, "groups[0]", "exactly one"),
+    ("rewards of wrong length", {"groups": [OK_GROUP, {**OK_GROUP, "rewards": [1, 0]}]}, 422, "groups[1]", "3 members but 2 rewards"),
+    ("group of two", {"groups": [OK_GROUP, OK_GROUP, {"texts": ["a", "b"]}]}, 422, "groups[2]", "at least 3"),
+    ("groups not a list", {"groups": {"texts": ["a", "b", "c"]}}, 422, "groups", "valid list"),
+]
+
+
+@pytest.mark.parametrize("what,body,status,param,words", CASES, ids=[case[0] for case in CASES])
+def test_bad_diversity_request_is_a_clear_4xx(server, what, body, status, param, words):
+    response = post(server, "/v1/diversity", body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert words in error["message"]
+    assert error["param"] == param
+    assert post(server, "/v1/diversity", {"groups": [OK_GROUP]}).status_code == 200  # still serving
+
+
+EMBEDDING_CASES = [
+    ("token ids", {"input": [101, 2023, 102]}, "input", "token-id input is not supported"),
+    ("empty list", {"input": []}, "input", "empty list"),
+    ("wrong model", {"input": "hi", "model": "text-embedding-3-small"}, "model", "serves model 'all-MiniLM-L6-v2'"),
+    ("too many dimensions", {"input": "hi", "dimensions": 1000}, "dimensions", "more than the model's 384"),
+    ("unknown encoding", {"input": "hi", "encoding_format": "int8"}, "encoding_format", "'float' or 'base64'"),
+]
+
+
+@pytest.mark.parametrize("what,body,param,words", EMBEDDING_CASES, ids=[case[0] for case in EMBEDDING_CASES])
+def test_bad_embeddings_request_is_a_clear_422(server, what, body, param, words):
+    response = post(server, "/v1/embeddings", body)
+    assert response.status_code == 422, response.text
+    assert words in response.json()["error"]["message"]
+    assert response.json()["error"]["param"] == param
+
+
+def test_unknown_route_and_method_are_json_errors(server):
+    assert httpx.get(server.url + "/v2/diversity").json()["error"]["type"] == "not_found"
+    response = httpx.get(server.url + "/v1/diversity")
+    assert response.status_code == 405 and response.json()["error"]["type"] == "method_not_allowed"
+
+
+def test_client_raises_with_the_servers_message(client):
+    with pytest.raises(SetpoAPIError) as caught:
+        client.diversity([OK_GROUP, {"texts": ["only", "two"]}])
+    assert caught.value.status == 422 and caught.value.param == "groups[1]" and "at least 3" in caught.value.message
+
+
+@pytest.fixture(scope="module")
+def limited():
+    with LocalServer(max_groups=2, max_group_size=4, max_text_chars=40, max_body_bytes=2048, max_queue_texts=10) as server:
+        yield server
+
+
+LIMIT_CASES = [
+    ("too many groups", {"groups": [OK_GROUP] * 3}, 422, "groups", "SETPO_MAX_GROUPS=2"),
+    ("group too large", {"groups": [OK_GROUP, {"embeddings": [[1.0]] * 5}]}, 422, "groups[1]", "SETPO_MAX_GROUP_SIZE=4"),
+    ("text too long", {"groups": [{"texts": ["a", "b", "x" * 41]}]}, 422, "groups[0].texts[2]", "SETPO_MAX_TEXT_CHARS=40"),
+    ("body too large", {"groups": [{"embeddings": [[0.123456789] * 100] * 3}]}, 413, "body", "SETPO_MAX_BODY_BYTES=2048"),
+]
+
+
+@pytest.mark.parametrize("what,body,status,param,words", LIMIT_CASES, ids=[case[0] for case in LIMIT_CASES])
+def test_request_over_a_limit_names_the_limit(limited, what, body, status, param, words):
+    response = post(limited, "/v1/diversity", body)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]["message"] and response.json()["error"]["param"] == param
+    assert post(limited, "/v1/diversity", {"groups": [OK_GROUP]}).status_code == 200
+
+
+def test_request_with_more_distinct_texts_than_the_queue_holds_is_422_not_429(limited):
+    body = {"groups": [{"texts": list("abcd")}, {"texts": list("efgh")}]}
+    assert post(limited, "/v1/diversity", body).status_code == 200  # 8 distinct texts fit in 10
+    response = post(limited, "/v1/embeddings", {"input": list("abcdefghijk")})
+    assert response.status_code == 422 and "SETPO_MAX_QUEUE_TEXTS=10" in response.json()["error"]["message"]
+
+
+def test_body_streamed_without_content_length_is_limited_too(limited):
+    def chunks():
+        yield b'{"groups": [{"texts": ["'
+        for _ in range(100):
+            yield b"x" * 100
+        yield b'", "b", "c"]}]}'
+
+    response = httpx.post(limited.url + "/v1/diversity", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "SETPO_MAX_BODY_BYTES" in response.json()["error"]["message"]
+
+
+def test_no_bad_request_produced_a_server_error(server, limited):
+    for running, seen in ((server, "400"), (limited, "413")):
+        metrics = httpx.get(running.url + "/metrics").text
+        assert f'setpo_requests_total{{route="/v1/diversity",status="{seen}"}}' in metrics  # errors are counted
+        assert 'status="500"' not in metrics
+    assert SetpoClient(limited.url).diversity([OK_GROUP]).groups[0].marginals

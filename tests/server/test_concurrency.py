@@ -1,0 +1,124 @@
+"""Many callers at once: same answers as one caller, batches coalesced and deduplicated, overload is a 429."""
+
+import asyncio
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from setpo_client import AsyncSetpoClient, SetpoAPIError, SetpoClient, SetpoTimeoutError
+from setpo_server.local import LocalServer
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def requests_for(n: int) -> list[list[dict]]:
+    return [[{"texts": [f"solution {i}.{j}: {'step ' * (i + j)}answer {i * j}" for j in range(6)], "rewards": [1, 0, 1, 0, 0, 1]}] for i in range(n)]
+
+
+def test_concurrent_callers_get_the_answers_a_lone_caller_gets(server):
+    requests = requests_for(12)
+    with SetpoClient(server.url) as client:
+        alone = [client.diversity(groups).groups[0].advantages for groups in requests]
+
+    def call(groups):
+        with SetpoClient(server.url) as client:
+            return client.diversity(groups).groups[0].advantages
+
+    with ThreadPoolExecutor(12) as pool:
+        threaded = list(pool.map(call, requests))
+
+    async def gather():
+        async with AsyncSetpoClient(server.url) as client:
+            return [r.groups[0].advantages for r in await asyncio.gather(*(client.diversity(g) for g in requests))]
+
+    for answers in (threaded, asyncio.run(gather())):
+        assert all(a == pytest.approx(b, abs=1e-6) for a, b in zip(answers, alone))
+
+
+def test_requests_queued_behind_a_running_batch_share_one_forward_and_dedup():
+    with LocalServer() as server:
+        long_texts = [f"draft {i} " + "step by step " * 120 for i in range(256)]  # 256 tokens each: 4 chunks of 64
+        forwards, dedup = metric(server, "setpo_batch_size_count"), metric(server, "setpo_texts_deduplicated_total")
+        big = threading.Thread(target=lambda: SetpoClient(server.url).embeddings(long_texts))
+        big.start()
+        time.sleep(0.5)  # the big job is in the forward thread now; everything below queues behind it
+        shared = ["the same first answer", "the same second answer", "the same third answer"]
+        small = [[{"texts": shared + [f"own answer {i}.{j}" for j in range(3)]}] for i in range(10)]
+        with ThreadPoolExecutor(10) as pool:
+            results = list(pool.map(lambda groups: SetpoClient(server.url).diversity(groups), small))
+        big.join()
+        assert all(len(r.groups[0].marginals) == 6 for r in results)
+        assert metric(server, "setpo_batch_size_count") - forwards == 4 + 1  # the ten small requests: one forward
+        assert metric(server, "setpo_texts_deduplicated_total") - dedup == 10 * 3 - 3
+
+
+@pytest.fixture(scope="module")
+def small_queue():
+    # One text per forward pass keeps the model busy long enough to fill the queue on purpose.
+    with LocalServer(max_queue_texts=64, max_batch_tokens=256) as server:
+        yield server
+
+
+def test_full_queue_is_429_with_retry_after_and_the_service_recovers(small_queue):
+    url = small_queue.url
+    texts = lambda tag: [f"{tag} {i} " + "word " * 250 for i in range(64)]  # noqa: E731
+    running = threading.Thread(target=lambda: SetpoClient(url).embeddings(texts("running")))
+    running.start()
+    time.sleep(0.3)
+    queued = threading.Thread(target=lambda: SetpoClient(url).embeddings(texts("queued")))
+    queued.start()
+    deadline = time.monotonic() + 30
+    while metric(small_queue, "setpo_queue_texts") < 64:
+        assert time.monotonic() < deadline, "second request never queued"
+        time.sleep(0.02)
+    refused = httpx.post(url + "/v1/embeddings", json={"input": "one more"})
+    assert refused.status_code == 429
+    assert int(refused.headers["retry-after"]) >= 1
+    assert "SETPO_MAX_QUEUE_TEXTS=64" in refused.json()["error"]["message"]
+    with pytest.raises(SetpoAPIError) as caught:
+        SetpoClient(url, max_retries=0).embeddings("one more")
+    assert caught.value.status == 429
+    running.join(), queued.join()
+    assert httpx.post(url + "/v1/embeddings", json={"input": "one more"}).status_code == 200
+
+
+def test_retrying_clients_finish_all_their_work_through_overload(small_queue):
+    before = metric(small_queue, 'setpo_requests_total{route="/v1/diversity",status="429"}')
+    start = threading.Barrier(8)
+
+    def worker(w: int) -> int:
+        done = 0
+        with SetpoClient(small_queue.url, max_retries=30, backoff=0.1, max_backoff=1.0) as client:
+            start.wait()
+            for r in range(3):
+                result = client.diversity([{"texts": [f"worker {w} request {r} answer {j}" for j in range(20)]}])
+                done += len(result.groups[0].marginals) == 20
+        return done
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(worker, range(8))) == 8 * 3
+    assert metric(small_queue, 'setpo_requests_total{route="/v1/diversity",status="429"}') > before  # retries were needed
+
+
+def test_work_of_a_caller_who_hangs_up_is_dropped_not_computed(server):
+    texts = [f"abandoned {i} " + "word " * 250 for i in range(320)]  # five forward chunks of 64 texts
+    forwards = metric(server, "setpo_batch_size_count")
+    hung_up = 'setpo_requests_total{route="/v1/embeddings",status="499"}'
+    before = metric(server, hung_up)
+    with SetpoClient(server.url, timeout=httpx.Timeout(10.0, read=0.3)) as client, pytest.raises(SetpoTimeoutError):
+        client.embeddings(texts)
+    deadline = time.monotonic() + 30
+    while metric(server, hung_up) == before:
+        assert time.monotonic() < deadline, "the server never noticed the caller had gone"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert metric(server, "setpo_batch_size_count") - forwards <= 2  # at most the chunk in flight, not all five
+    assert httpx.post(server.url + "/v1/embeddings", json={"input": "still serving"}).status_code == 200

@@ -1,0 +1,80 @@
+"""POST /v1/diversity through the real server and client, checked against the literal definition."""
+
+import torch
+
+from setpo_core.diversity import group_advantages
+from tests.core import reference
+
+SOLUTIONS = [
+    "Each box holds 12 eggs, so 5 boxes hold 5 * 12 = 60 eggs. The answer is 60.",
+    "Five boxes of twelve: 12 + 12 + 12 + 12 + 12 = 60. The answer is 60.",
+    "Let x be the number of eggs. x / 5 = 12, so x = 60. The answer is 60.",
+    "Each box holds 12 eggs, so 5 boxes hold 5 * 12 = 60 eggs. The answer is 60.",
+    "There are 10 eggs per box and 5 boxes, so 50 eggs. The answer is 50.",
+]
+
+
+def reference_marginals(vectors: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(reference.loo_marginals(reference.kernel_of(vectors)), dtype=torch.float64)
+
+
+def test_text_groups_match_the_literal_definition_on_the_servers_embeddings(client):
+    result = client.diversity([{"texts": SOLUTIONS}])
+    vectors = [item.embedding for item in client.embeddings(SOLUTIONS).data]
+    group = result.groups[0]
+    assert (torch.tensor(group.marginals, dtype=torch.float64) - reference_marginals(vectors)).abs().max() <= 1e-5
+    kernel = reference.kernel_of(vectors)
+    members = list(range(len(SOLUTIONS)))
+    assert abs(group.set_score - reference.set_score(kernel, members)) <= 1e-5
+    assert all(abs(m - reference.local_mass(kernel, members, y)) <= 1e-5 for y, m in zip(members, group.local_mass))
+    assert result.model == "all-MiniLM-L6-v2"
+
+
+def test_identical_texts_are_embedded_once_and_get_equal_lowest_credit(client):
+    result = client.diversity([{"texts": SOLUTIONS}, {"texts": SOLUTIONS[:3]}])
+    assert result.usage.texts == 8
+    assert result.usage.unique_texts == 4  # SOLUTIONS[3] repeats SOLUTIONS[0]; group 2 repeats group 1
+    marginals = result.groups[0].marginals
+    assert abs(marginals[0] - marginals[3]) <= 1e-6
+    assert max(marginals[0], marginals[3]) < min(marginals[1], marginals[2], marginals[4])
+
+
+def test_embedding_groups_of_different_sizes_and_dimensions_in_one_request(client):
+    generator = torch.Generator().manual_seed(0)
+    groups = [torch.randn(size, dim, generator=generator) + 0.5 for size, dim in [(3, 4), (7, 16), (16, 50)]]
+    result = client.diversity([{"embeddings": g.tolist()} for g in groups] + [{"texts": SOLUTIONS[:3]}])
+    assert [len(g.marginals) for g in result.groups] == [3, 7, 16, 3]
+    for group, response in zip(groups, result.groups):
+        assert (torch.tensor(response.marginals, dtype=torch.float64) - reference_marginals(group.double().tolist())).abs().max() <= 1e-5
+    assert result.usage.texts == 3
+
+
+def test_advantages_only_for_groups_with_rewards_and_equal_group_advantage_plus_weight_times_marginal(client, server):
+    rewards = [1.0, 1.0, 0.0, 1.0, 0.0]
+    default = client.diversity([{"texts": SOLUTIONS, "rewards": rewards}, {"texts": SOLUTIONS[:3]}])
+    explicit = client.diversity([{"texts": SOLUTIONS, "rewards": rewards}], weight=0.5)
+    off = client.diversity([{"texts": SOLUTIONS, "rewards": rewards}], weight=0.0)
+
+    base = group_advantages(torch.tensor([rewards], dtype=torch.float64))[0]
+    marginals = torch.tensor(default.groups[0].marginals, dtype=torch.float64)
+    assert default.groups[1].advantages is None
+    assert torch.allclose(torch.tensor(default.groups[0].advantages, dtype=torch.float64), base + 0.05 * marginals, atol=1e-5)
+    assert torch.allclose(torch.tensor(explicit.groups[0].advantages, dtype=torch.float64), base + 0.5 * marginals, atol=1e-5)
+    assert torch.allclose(torch.tensor(off.groups[0].advantages, dtype=torch.float64), base, atol=1e-6)
+
+
+def test_all_equal_rewards_give_only_the_diversity_term(client):
+    result = client.diversity([{"texts": SOLUTIONS[:4], "rewards": [0.7] * 4}], weight=1.0)
+    assert result.groups[0].advantages == result.groups[0].marginals
+
+
+def test_saturation_is_the_share_of_near_duplicate_pairs(client):
+    result = client.diversity([{"embeddings": [[1, 0], [1, 0.01], [0, 1], [0.01, 1]]}])
+    assert abs(result.groups[0].saturation - 2 / 6) <= 1e-6  # (0,1) and (2,3) of the six pairs
+
+
+def test_over_long_texts_are_truncated_and_counted(client):
+    long_text = "step " * 400  # far over all-MiniLM-L6-v2's 256 tokens
+    result = client.diversity([{"texts": [long_text, "a", "b"]}])
+    assert result.usage.truncated == 1
+    assert result.usage.tokens == 256 + 3 + 3  # "a" and "b" are [CLS] a [SEP]

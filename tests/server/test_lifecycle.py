@@ -1,0 +1,46 @@
+"""Start-up and shut-down: /health at once, /ready (and data routes) 503 until warm, bad models fail fast."""
+
+import signal
+import time
+
+import httpx
+
+from setpo_server.local import LocalServer
+
+
+def test_ready_is_503_with_retry_after_until_the_model_is_warm():
+    server = LocalServer().start(wait=False)
+    try:
+        server.wait_until(lambda: httpx.get(server.url + "/health").status_code == 200)
+        # The port opens before the model starts loading (sentence-transformers alone takes seconds to import).
+        early = httpx.get(server.url + "/ready")
+        data = httpx.post(server.url + "/v1/diversity", json={"groups": [{"texts": ["a", "b", "c"]}]})
+        assert early.status_code == 503 and int(early.headers["retry-after"]) > 0
+        assert "loading" in early.json()["error"]["message"]
+        assert data.status_code == 503 and "retry-after" in data.headers
+        server.wait_until(lambda: httpx.get(server.url + "/ready").status_code == 200)
+        assert httpx.post(server.url + "/v1/diversity", json={"groups": [{"texts": ["a", "b", "c"]}]}).status_code == 200
+        assert "setpo_ready 1.0" in httpx.get(server.url + "/metrics").text
+    finally:
+        assert server.stop() == -signal.SIGTERM  # a graceful stop: uvicorn exits by the signal it was sent
+
+
+def test_a_model_that_cannot_load_stops_the_server_with_the_reason():
+    server = LocalServer(model="/nonexistent/embedding-model").start(wait=False)
+    started = time.monotonic()
+    code = server.process.wait(timeout=120)
+    assert code != 0 and time.monotonic() - started < 120
+    assert "cannot load model" in server.log() and "/nonexistent/embedding-model" in server.log()
+
+
+def test_bad_setting_is_refused_before_start():
+    server = LocalServer(max_batch_tokens=0, shape="cubic").start(wait=False)
+    assert server.process.wait(timeout=60) != 0
+    log = server.log()
+    assert "SETPO_MAX_BATCH_TOKENS" in log and "SETPO_SHAPE" in log and "neg_log1p" in log
+
+
+def test_info_reports_model_and_limits(client):
+    info = client.info()
+    assert (info.model, info.dimension, info.max_tokens, info.device, info.dtype) == ("all-MiniLM-L6-v2", 384, 256, "cpu", "float32")
+    assert info.limits.max_group_size == 256 and info.default_weight == 0.05 and info.shape == "neg_log1p"
