@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED := 1
 
 # Suites run by `make test`; each mk/*.mk file adds its own (trainer, integrations, deployment).
 TEST_TARGETS := test-service
-.PHONY: venv demo test bench lock clean $(TEST_TARGETS)
+.PHONY: venv demo test lock clean $(TEST_TARGETS)
 
 venv: $(STAMP)
 $(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml services/embedding_server/pyproject.toml clients/python/pyproject.toml
@@ -35,10 +35,6 @@ test-service: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/math_solutions_demo.py
-
-bench: $(STAMP)
-	$(PY) benchmarks/loo_closed_form.py
-	$(PY) benchmarks/http_vs_inprocess.py
 
 lock: $(STAMP)
 	{ sed -n '1,2p' requirements/dev.lock; $(PIP) freeze --exclude-editable | grep -v '^torch=='; } > requirements/dev.lock.new

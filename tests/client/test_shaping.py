@@ -72,3 +72,12 @@ def test_duplicate_share_counts_repeats_within_groups_only():
 def test_bad_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SetpoShaper(SetpoClient(), **kwargs)
+
+
+def test_embedding_groups_are_scored_and_exact_repeats_counted(client):
+    groups = [[[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.7, 0.7]], [[1.0, 2.0], [2.0, 1.0], [0.5, 0.5]]]
+    step = SetpoShaper(client, weight=0.5).score(groups)
+    direct = client.diversity([{"embeddings": g} for g in groups])
+    assert step.marginals == [g.marginals for g in direct.groups]
+    assert step.bonus[1] == pytest.approx([0.5 * s for s in direct.groups[1].marginals])
+    assert step.metrics["setpo/duplicate_share"] == pytest.approx(1 / 7)

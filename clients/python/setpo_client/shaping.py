@@ -44,14 +44,20 @@ class SetpoShaper:
         self.client, self.weight, self.on_error, self.max_chars = client, weight, on_error, max_chars
         self.fallback_steps = 0
 
-    def score(self, groups: Sequence[Sequence[str]]) -> ShapedStep:
+    def score(self, groups: Sequence[Sequence[str]] | Sequence[Sequence[Sequence[float]]]) -> ShapedStep:
+        """groups: per prompt, its responses as texts (embedded by the service) or as embedding vectors."""
         start = time.perf_counter()
-        texts = [[text[: self.max_chars] if self.max_chars else text for text in group] for group in groups]
-        metrics = {"setpo/duplicate_share": duplicate_share(texts)}
+        if groups and groups[0] and isinstance(groups[0][0], str):
+            members = [[text[: self.max_chars] if self.max_chars else text for text in group] for group in groups]
+            payload = [{"texts": group} for group in members]
+        else:
+            members = [[tuple(vector) for vector in group] for group in groups]  # hashable, for duplicate_share
+            payload = [{"embeddings": [list(vector) for vector in group]} for group in groups]
+        metrics = {"setpo/duplicate_share": duplicate_share(members)}
         marginals = None
-        if self.weight > 0 and texts:
+        if self.weight > 0 and members:
             try:
-                result = self.client.diversity([{"texts": group} for group in texts], weight=self.weight)
+                result = self.client.diversity(payload, weight=self.weight)
                 marginals = [group.marginals for group in result.groups]
                 flat = [s for group in marginals for s in group]
                 metrics.update({
@@ -69,7 +75,7 @@ class SetpoShaper:
                     raise SetpoError(f"SetPO scoring failed and on_error='fail': {exc}") from exc
                 self._fall_back(exc)
         weight = self.weight if marginals is not None else 0.0
-        bonus = [[weight * s for s in group] for group in marginals] if marginals else [[0.0] * len(g) for g in texts]
+        bonus = [[weight * s for s in group] for group in marginals] if marginals else [[0.0] * len(g) for g in members]
         metrics.update({
             "setpo/weight": weight,
             "setpo/fallback_steps": float(self.fallback_steps),
@@ -82,8 +88,8 @@ class SetpoShaper:
         log.warning("SetPO service failed (%s); training this step with lambda = 0 (fallback step %d)", exc, self.fallback_steps)
 
 
-def duplicate_share(groups: Sequence[Sequence[str]]) -> float:
-    """Share of responses that exactly repeat an earlier response of their own group."""
+def duplicate_share(groups: Sequence[Sequence]) -> float:
+    """Share of responses that exactly repeat an earlier response of their own group (texts or vectors)."""
     total = sum(len(group) for group in groups)
     repeats = sum(len(group) - len(set(group)) for group in groups)
     return repeats / total if total else 0.0
