@@ -18,7 +18,7 @@ BATCH_TOKENS = Histogram(
     "setpo_batch_tokens", "Padded tokens per forward pass", buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 )
 TEXTS_EMBEDDED = Counter("setpo_texts_embedded_total", "Texts run through the model")
-TEXTS_DEDUPLICATED = Counter("setpo_texts_deduplicated_total", "Texts answered from an identical text in the same batch")
+TEXTS_DEDUPLICATED = Counter("setpo_texts_deduplicated_total", "Texts not embedded: an identical text was in the same request or batch")
 TEXTS_TRUNCATED = Counter("setpo_texts_truncated_total", "Texts cut to the model's maximum length")
 READY = Gauge("setpo_ready", "1 once the model is loaded and warmed up")
 

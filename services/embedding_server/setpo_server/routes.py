@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from setpo_core.diversity import cosine_kernel, kernel_saturation, pad_groups, set_diversity, shaped_advantages, unit_rows
-from setpo_server import __version__
+from setpo_server import __version__, metrics
 from setpo_server.batcher import Batcher, Embedded, Overloaded
 from setpo_server.errors import ApiError
 from setpo_server.schemas import (
@@ -58,22 +58,28 @@ def not_ready_message(request: Request) -> str:
 
 
 async def embed_texts(request: Request, batcher: Batcher, texts: list[str], param: str) -> Embedded:
-    """Both data routes embed through here: the request-size check, overload mapping and the watch for
-    callers who hang up live once. A caller that disconnects has its work cancelled, not computed."""
+    """Both data routes embed through here: each distinct text once, results in the order of `texts`.
+    The request-size check, overload mapping and the watch for callers who hang up live here too: a
+    caller that disconnects has its work cancelled, not computed."""
     settings: Settings = request.app.state.settings
-    if len(texts) > settings.max_queue_texts:
-        message = f"request has {len(texts)} distinct texts, more than SETPO_MAX_QUEUE_TEXTS={settings.max_queue_texts}; split it"
+    unique = list(dict.fromkeys(texts))
+    metrics.TEXTS_DEDUPLICATED.inc(len(texts) - len(unique))
+    if len(unique) > settings.max_queue_texts:
+        message = f"request has {len(unique)} distinct texts, more than SETPO_MAX_QUEUE_TEXTS={settings.max_queue_texts}; split it"
         raise ApiError(422, message, "invalid_request_error", param)
-    work = asyncio.ensure_future(batcher.embed(texts))
+    work = asyncio.ensure_future(batcher.embed(unique))
     while not (await asyncio.wait({work}, timeout=DISCONNECT_POLL_SECONDS))[0]:
         if await request.is_disconnected():
             work.cancel()
             raise ApiError(499, "client closed the request; its work was dropped", "client_closed")
     try:
-        return work.result()
+        embedded = work.result()
     except Overloaded as exc:
         message = f"server is busy ({exc.queued_texts} texts queued, SETPO_MAX_QUEUE_TEXTS={settings.max_queue_texts}); retry after {exc.retry_after} s"
         raise ApiError(429, message, "overloaded", retry_after=exc.retry_after) from None
+    row_of = {text: i for i, text in enumerate(unique)}
+    rows = [row_of[text] for text in texts]
+    return Embedded(embedded.embeddings[rows], [embedded.tokens[i] for i in rows], [embedded.truncated[i] for i in rows])
 
 
 def check_text_lengths(texts: list[str], settings: Settings, param: str) -> None:
@@ -140,30 +146,27 @@ async def diversity(body: DiversityRequest, request: Request, batcher: Batcher =
         if group.texts is not None:
             check_text_lengths(group.texts, settings, f"groups[{b}].texts")
 
-    all_texts = [text for group in body.groups if group.texts is not None for text in group.texts]
-    unique = list(dict.fromkeys(all_texts))
-    embedded = await embed_texts(request, batcher, unique, "groups") if unique else None
+    texts = [text for group in body.groups if group.texts is not None for text in group.texts]
+    embedded = await embed_texts(request, batcher, texts, "groups") if texts else None
     weight = settings.weight if body.weight is None else body.weight
-    results = await run_in_threadpool(score_groups, body.groups, unique, embedded, weight, settings.shape)
-
-    tokens = dict(zip(unique, embedded.tokens)) if embedded else {}
-    truncated = dict(zip(unique, embedded.truncated)) if embedded else {}
+    results = await run_in_threadpool(score_groups, body.groups, embedded, weight, settings.shape)
     usage = DiversityUsage(
-        texts=len(all_texts),
-        unique_texts=len(unique),
-        tokens=sum(tokens[text] for text in all_texts),
-        truncated=sum(truncated[text] for text in all_texts),
+        texts=len(texts),
+        unique_texts=len(set(texts)),
+        tokens=sum(embedded.tokens) if embedded else 0,
+        truncated=sum(embedded.truncated) if embedded else 0,
     )
     return DiversityResponse(model=batcher.backend.name, groups=results, usage=usage)
 
 
-def score_groups(groups: list[Group], texts: list[str], embedded: Embedded | None, weight: float, shape: str) -> list[GroupResult]:
-    """Runs in a worker thread: one padded batch through setpo_core for all groups at once."""
-    row_of = {text: i for i, text in enumerate(texts)}
-    members = []
+def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, shape: str) -> list[GroupResult]:
+    """Runs in a worker thread: one padded batch through setpo_core for all groups at once.
+    `embedded` holds the text groups' rows, group after group, in request order."""
+    members, next_row = [], 0
     for group in groups:
         if group.texts is not None:
-            members.append(embedded.embeddings[[row_of[text] for text in group.texts]])
+            members.append(embedded.embeddings[next_row : next_row + group.size])
+            next_row += group.size
         else:  # float64 so extreme norms survive until cosine_kernel scales each row
             members.append(torch.tensor(group.embeddings, dtype=torch.float64))
     padded, mask = pad_groups(members)  # (B, G, d), (B, G)
@@ -201,21 +204,17 @@ async def embeddings(body: EmbeddingsRequest, request: Request, batcher: Batcher
     texts = [body.input] if isinstance(body.input, str) else body.input
     check_text_lengths(texts, settings, "input")
 
-    unique = list(dict.fromkeys(texts))
-    embedded = await embed_texts(request, batcher, unique, "input")
-    row_of = {text: i for i, text in enumerate(unique)}
-    rows = embedded.embeddings[[row_of[text] for text in texts]]  # (n, dim)
+    embedded = await embed_texts(request, batcher, texts, "input")
+    rows = embedded.embeddings  # (n, dim)
     if body.dimensions is not None:
         rows = unit_rows(rows[:, : body.dimensions])
     if body.encoding_format == "base64":
         vectors = [base64.b64encode(row.numpy().astype("<f4").tobytes()).decode() for row in rows]
     else:
         vectors = rows.tolist()
-    tokens = sum(embedded.tokens[row_of[text]] for text in texts)
+    tokens = sum(embedded.tokens)
     return EmbeddingsResponse(
         data=[Embedding(index=i, embedding=vector) for i, vector in enumerate(vectors)],
         model=backend.name,
-        usage=EmbeddingsUsage(
-            prompt_tokens=tokens, total_tokens=tokens, truncated=sum(embedded.truncated[row_of[text]] for text in texts)
-        ),
+        usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens, truncated=sum(embedded.truncated)),
     )
