@@ -40,6 +40,11 @@ def test_bad_setting_is_refused_before_start():
     assert "SETPO_MAX_BATCH_TOKENS" in log and "SETPO_SHAPE" in log and "neg_log1p" in log
 
 
+def test_misspelt_setting_is_named_in_a_warning():
+    with LocalServer(max_group=5) as server:  # SETPO_MAX_GROUP: the setting is SETPO_MAX_GROUPS
+        assert "not settings of setpo-server, ignored: SETPO_MAX_GROUP" in server.log()
+
+
 def test_info_reports_model_and_limits(client):
     info = client.info()
     assert (info.model, info.dimension, info.max_tokens, info.device, info.dtype) == ("all-MiniLM-L6-v2", 384, 256, "cpu", "float32")

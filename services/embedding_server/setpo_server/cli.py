@@ -1,6 +1,7 @@
 """`setpo-server`: run the service with uvicorn. Every setting is a SETPO_* environment variable."""
 
 import logging
+import os
 import sys
 
 import uvicorn
@@ -17,6 +18,10 @@ def main() -> None:
         problems = "; ".join(f"SETPO_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         sys.exit(f"setpo-server: bad setting: {problems}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A misspelt setting would otherwise be ignored without a word. Clients share the prefix (SETPO_URL), so warn.
+    unknown = sorted(name for name in os.environ if name.startswith("SETPO_") and name[6:].lower() not in Settings.model_fields)
+    if unknown:
+        logging.getLogger("setpo_server").warning("not settings of setpo-server, ignored: %s", ", ".join(unknown))
     # One process: the model lives once in memory, and the batcher sees every request to coalesce them.
     # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits by that signal.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=30)

@@ -27,7 +27,8 @@ class LocalServer:
         self.port = port or free_port()
         self.command = command or [sys.executable, "-m", "setpo_server.cli"]
         self.env = {
-            **os.environ,
+            # the caller's own SETPO_* variables would silently change the server under test: only ours count
+            **{name: value for name, value in os.environ.items() if not name.startswith("SETPO_")},
             "HF_HUB_OFFLINE": "1",  # the embedded model is on disk: never reach for a hub
             "TRANSFORMERS_OFFLINE": "1",
             "SETPO_HOST": "127.0.0.1",
