@@ -100,25 +100,28 @@ def set_diversity(kernel: Tensor, mask: Tensor | None = None, shape: str = "neg_
     g = SHAPES[shape]
     if mask is None:
         mask = torch.ones(kernel.shape[:2], dtype=torch.bool, device=kernel.device)
-    size = mask.sum(dim=-1, keepdim=True).to(kernel.dtype)  # (B, 1)
+    member = mask.to(kernel.dtype)  # (B, G) 1 for members, 0 for padding
+    size = member.sum(dim=-1, keepdim=True)  # (B, 1)
     if bool((size < 3).any()):
         small = torch.nonzero(size.squeeze(-1) < 3).flatten().tolist()
         raise ValueError(f"groups {small} have fewer than 3 members; leave-one-out marginals need at least 3")
-    pairs = _member_pairs(mask)  # (B, G, G)
-    k_off = torch.where(pairs, kernel, 0.0)  # (B, G, G) K without diagonal and padding
+    # Masks are multiplied in, and (B, G, G) temporaries updated in place: this is memory-bound work, and
+    # every extra pass over B*G*G floats costs as much as the arithmetic.
+    k_off = kernel * (member[:, :, None] * member[:, None, :])  # (B, G, G) K without padding...
+    k_off.diagonal(dim1=-2, dim2=-1).zero_()  # ...and without the diagonal
 
     mass = k_off.sum(dim=-1) / (size - 1)  # (B, G)  m_j
-    g_mass = torch.where(mask, g(mass), 0.0)  # (B, G)
-    score = g_mass.sum(dim=-1) / size.squeeze(-1)  # (B,)  D(S)
+    score = (g(mass) * member).sum(dim=-1) / size.squeeze(-1)  # (B,)  D(S)
 
     # Row i holds every m_j^(-i), the masses once o_i is removed: no subset is ever rebuilt.
     n = size[:, :, None]  # (B, 1, 1)
-    mass_without = ((n - 1) * mass[:, None, :] - k_off.transpose(-1, -2)) / (n - 2)  # (B, G_i, G_j)
-    g_without = torch.where(pairs, g(mass_without.clamp_min(0.0)), 0.0)  # (B, G_i, G_j), j != i
+    mass_without = k_off.transpose(-1, -2).neg().add_((n - 1) * mass[:, None, :]).div_(n - 2)  # (B, G_i, G_j)
+    g_without = g(mass_without.clamp_min_(0.0)).mul_(member[:, None, :])  # (B, G_i, G_j), padded j dropped
+    g_without.diagonal(dim1=-2, dim2=-1).zero_()  # j = i is not in S \ {o_i}
     score_without = g_without.sum(dim=-1) / (size - 1)  # (B, G)  D(S \ {o_i})
 
-    marginals = torch.where(mask, score[:, None] - score_without, 0.0)  # (B, G)  s_i
-    return SetDiversity(torch.where(mask, mass, 0.0), score, marginals)
+    marginals = (score[:, None] - score_without) * member  # (B, G)  s_i, 0 on padding
+    return SetDiversity(mass * member, score, marginals)
 
 
 def kernel_saturation(kernel: Tensor, mask: Tensor | None = None) -> Tensor:
