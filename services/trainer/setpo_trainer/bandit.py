@@ -1,0 +1,153 @@
+"""The paper's toy bandit (section 1, Fig. 1): does SetPO keep rewarded modes alive where GRPO collapses?
+
+Twelve semantic modes, each a fixed 50-d embedding; the first four are rewarded. A response is a mode plus a
+little noise (paraphrases of one approach are close, not identical). The policy is a softmax over the modes.
+One step is one GRPO step: for each of P prompts, sample a group of G responses, reward them, compute group
+advantages, add lambda * s_i from the RUNNING setpo service (lambda = 0 is plain GRPO), and take a policy-
+gradient step on the mean of A^_i * grad log pi(a_i). Reads top to bottom, CleanRL-style.
+
+    setpo-bandit --serve --out out/bandit            # starts its own service, both methods, 3 seeds
+    setpo-bandit --url http://127.0.0.1:8000 --out out/bandit --seeds 0 1 2 3 4
+"""
+
+import argparse
+import json
+import logging
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from setpo_client import SetpoClient
+from setpo_client.shaping import SetpoShaper
+from setpo_core.diversity import group_advantages
+
+log = logging.getLogger("setpo_bandit")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="setpo-bandit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running setpo service")
+    where.add_argument("--serve", action="store_true", help="start a setpo service for the run (needs setpo-server installed)")
+    parser.add_argument("--api-key", default=None, help="the service's key (default: $SETPO_API_KEY)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for results.json, the table and the plot")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--prompts", type=int, default=8, help="groups per step (P)")
+    parser.add_argument("--group-size", type=int, default=6, help="responses per group (G)")
+    parser.add_argument("--modes", type=int, default=12)
+    parser.add_argument("--rewarded", type=int, default=4, help="the first this many modes give reward 1")
+    parser.add_argument("--dim", type=int, default=50, help="embedding dimension of a mode")
+    parser.add_argument("--noise", type=float, default=0.3, help="std of the per-response noise around its mode (mode vectors have unit-scale entries)")
+    parser.add_argument("--lr", type=float, default=0.5, help="policy-gradient step size on the logits")
+    parser.add_argument("--weight", type=float, default=2.0, help="lambda of the SetPO run (GRPO is the same run at 0)")
+    parser.add_argument("--alive", type=float, default=0.05, help="a mode is alive at the end if its probability is at least this")
+    parser.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="when the service fails: train the step with lambda = 0, or stop")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds the client waits for an answer")
+    args = parser.parse_args(argv)
+    if args.rewarded > args.modes or args.group_size < 3 or args.steps < 1:
+        parser.error("need rewarded <= modes, group-size >= 3 (leave-one-out needs 3) and steps >= 1")
+    return args
+
+
+def train(args: argparse.Namespace, shaper: SetpoShaper, seed: int) -> dict:
+    """One run. Returns per-step mode probabilities (steps + 1, modes) and per-step SetPO metrics."""
+    generator = torch.Generator().manual_seed(seed)
+    # The modes are the same for every seed and method; the seed changes the start and the sampling.
+    modes = torch.randn(args.modes, args.dim, generator=torch.Generator().manual_seed(1234))  # (M, d)
+    reward_of_mode = (torch.arange(args.modes) < args.rewarded).float()  # (M,)
+    logits = 0.3 * torch.randn(args.modes, generator=generator)  # (M,) a slightly uneven start
+    history, metrics = [torch.softmax(logits, 0)], []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        probs = torch.softmax(logits, 0)
+        actions = torch.multinomial(probs.expand(args.prompts, -1), args.group_size, replacement=True, generator=generator)  # (P, G)
+        responses = modes[actions] + args.noise * torch.randn(args.prompts, args.group_size, args.dim, generator=generator)  # (P, G, d)
+        rewards = reward_of_mode[actions]  # (P, G)
+        advantages = group_advantages(rewards)  # (P, G)  GRPO's A
+        step = shaper.score(responses.tolist())  # lambda * s_i from the service; zeros for GRPO or on fallback
+        advantages = advantages + torch.tensor(step.bonus)  # (P, G)  A^ = A + lambda * s
+        # grad of mean_i A^_i log pi(a_i) w.r.t. the logits: A^_i (onehot(a_i) - pi), averaged over all P*G samples
+        onehot = torch.nn.functional.one_hot(actions, args.modes).float()  # (P, G, M)
+        gradient = (advantages[..., None] * (onehot - probs)).mean(dim=(0, 1))  # (M,)
+        logits = logits + args.lr * gradient
+        history.append(torch.softmax(logits, 0))
+        step.metrics["setpo/time_share"] = step.metrics["setpo/time_s"] / (time.perf_counter() - start)
+        step.metrics["reward_mean"] = rewards.mean().item()
+        metrics.append(step.metrics)
+    return {"probs": torch.stack(history).tolist(), "metrics": metrics}
+
+
+def alive_rewarded(probs: list[float], args: argparse.Namespace) -> int:
+    return sum(p >= args.alive for p in probs[: args.rewarded])
+
+
+def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seed = str(args.seeds[0])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, method in zip(axes, ("grpo", "setpo")):
+        probs = torch.tensor(results[method][seed]["probs"])  # (steps + 1, M)
+        for mode in range(args.modes):
+            rewarded = mode < args.rewarded
+            ax.plot(probs[:, mode], lw=2 if rewarded else 1, ls="-" if rewarded else ":", label=f"mode {mode}" + (" (rewarded)" if rewarded else ""))
+        title = "GRPO" if method == "grpo" else f"SetPO + GRPO (lambda = {args.weight})"
+        ax.set_title(f"{title}, seed {seed}")
+        ax.set_xlabel("step")
+    axes[0].set_ylabel("mode probability")
+    axes[1].legend(fontsize=7, ncol=2, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.serve:
+        from setpo_server.local import LocalServer
+
+        print("starting setpo-server on the embedded model ...", flush=True)
+        service = LocalServer()
+    else:
+        service = nullcontext()
+    with service as running, SetpoClient(args.url or running.url, api_key=args.api_key, timeout=args.timeout) as client:
+        client.wait_until_ready(timeout=180)
+        results = {"grpo": {}, "setpo": {}}
+        for seed in args.seeds:
+            for method, weight in (("grpo", 0.0), ("setpo", args.weight)):
+                shaper = SetpoShaper(client, weight=weight, on_error=args.on_error)
+                started = time.perf_counter()
+                results[method][str(seed)] = train(args, shaper, seed)
+                final = results[method][str(seed)]["probs"][-1]
+                print(f"seed {seed} {method:>5}: {alive_rewarded(final, args)} of {args.rewarded} rewarded modes alive, "
+                      f"{time.perf_counter() - started:.1f} s, fallback steps {shaper.fallback_steps}", flush=True)
+
+    rows = [f"| seed | GRPO: rewarded modes alive | SetPO+GRPO: rewarded modes alive |", "|---|---|---|"]
+    for seed in args.seeds:
+        grpo, setpo = (alive_rewarded(results[m][str(seed)]["probs"][-1], args) for m in ("grpo", "setpo"))
+        rows.append(f"| {seed} | {grpo} / {args.rewarded} | {setpo} / {args.rewarded} |")
+    means = [sum(alive_rewarded(results[m][str(s)]["probs"][-1], args) for s in args.seeds) / len(args.seeds) for m in ("grpo", "setpo")]
+    rows.append(f"| mean | {means[0]:.2f} | {means[1]:.2f} |")
+    table = "\n".join(rows)
+    share = [m["setpo/time_share"] for seed in args.seeds for m in results["setpo"][str(seed)]["metrics"]]
+    summary = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "alive_mean": {"grpo": means[0], "setpo": means[1]},
+               "setpo_time_share_mean": sum(share) / len(share), "runs": results}
+    (args.out / "results.json").write_text(json.dumps(summary))
+    (args.out / "table.md").write_text(table + "\n")
+    plot(results, args, args.out / "mode_probabilities.png")
+    print(f"\nRewarded modes alive at the end (probability >= {args.alive}) after {args.steps} steps:\n{table}")
+    print(f"SetPO's share of a step (service call / whole step): {summary['setpo_time_share_mean']:.1%}")
+    print(f"wrote {args.out / 'results.json'}, {args.out / 'table.md'}, {args.out / 'mode_probabilities.png'}")
+
+
+if __name__ == "__main__":
+    main()
