@@ -55,17 +55,17 @@ class LocalServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"setpo-server exited with {self.process.returncode}:\n{self.log()}")
+                raise RuntimeError(f"setpo-server exited with {self.process.returncode}:\n{self.log()[-4000:]}")
             try:
                 if condition():
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
-        raise TimeoutError(f"setpo-server not there after {timeout} s:\n{self.log()}")
+        raise TimeoutError(f"setpo-server not there after {timeout} s:\n{self.log()[-4000:]}")
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.process is None or self.process.poll() is not None:

@@ -1,0 +1,1 @@
+"""SetPO for RL frameworks other than OpenRLHF. Each module needs its framework (pip extras `trl`, `verl`)."""

