@@ -1,0 +1,116 @@
+"""The veRL plug-in at veRL's real advantage step (v0's compute_advantage on real DataProto), on CPU."""
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+
+import verl  # noqa: F401  (loads the plug-in through veRL's own entry-point discovery)
+from setpo_client import SetpoError
+from setpo_server.local import free_port
+from setpo_trainer.models import smollm2_path
+from verl import DataProto
+from verl.trainer.ppo import ray_trainer
+from verl.trainer.ppo.core_algos import AdvantageEstimator
+
+G = 4
+ANSWERS = [
+    ["48 / 2 = 24 and 48 + 24 = 72", "half of 48 is 24, so 72", "1.5 * 48 = 72", "48 / 2 = 24 and 48 + 24 = 72"],
+    ["the answer is 5", "2 + 3 = 5", "five", "3 + 2 equals 5"],
+    ["x = 7", "seven", "7", "6 + 1 = 7"],
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(smollm2_path())
+
+
+def rollout_batch(tokenizer, rewards: list[list[float]]) -> DataProto:
+    """A real DataProto as veRL's trainer holds it at the advantage step: right-padded responses, a response
+    mask, token-level rewards on each response's last token, and the group id `uid` of every row."""
+    texts = [t for group in ANSWERS for t in group]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(map(len, ids)) + 3  # padding after every response
+    responses = torch.full((len(ids), width), tokenizer.pad_token_id or 0)  # (B, T)
+    mask = torch.zeros(len(ids), width)  # (B, T)
+    scores = torch.zeros(len(ids), width)  # (B, T)
+    for row, (tokens, reward) in enumerate(zip(ids, [r for group in rewards for r in group])):
+        responses[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+        scores[row, len(tokens) - 1] = reward
+    uids = np.array([f"prompt-{g}" for g in range(len(ANSWERS)) for _ in range(G)], dtype=object)
+    prompts = torch.ones(len(ids), 2, dtype=torch.long)  # (B, P), what the data metrics read
+    tensors = {"prompts": prompts, "responses": responses, "response_mask": mask, "attention_mask": torch.cat([torch.ones_like(prompts), mask.long()], 1),
+               "token_level_scores": scores, "token_level_rewards": scores}
+    return DataProto.from_dict(tensors=tensors, non_tensors={"uid": uids})
+
+
+def algorithm(norm_by_std: bool = True, **setpo) -> object:
+    config = {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": norm_by_std, "gamma": 1.0, "lam": 1.0}
+    if setpo:
+        config["setpo"] = setpo
+    return OmegaConf.create(config)
+
+
+def advantages(data: DataProto, config) -> torch.Tensor:
+    out = ray_trainer.compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO, num_repeat=G,
+                                        norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config)
+    return out.batch["advantages"], out
+
+
+REWARDS = [[1, 0, 1, 1], [1, 1, 0, 0], [0, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False], ids=["grpo-gspo-dapo", "dr-grpo"])
+def test_every_response_token_gets_weight_times_the_services_marginal(tokenizer, server, client, norm_by_std):
+    base, _ = advantages(rollout_batch(tokenizer, REWARDS), algorithm(norm_by_std))
+    settings = {"enable": True, "url": server.url, "weight": 0.2, "tokenizer": str(smollm2_path())}
+    shaped, out = advantages(rollout_batch(tokenizer, REWARDS), algorithm(norm_by_std, **settings))
+    mask = out.batch["response_mask"]
+    marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in ANSWERS]).groups for s in g.marginals])
+    assert torch.allclose(shaped - base, 0.2 * marginals[:, None] * mask, atol=1e-6)  # + lambda*s on tokens, 0 on padding
+    assert (mask == 0).any() and torch.equal((shaped - base)[mask == 0], torch.zeros(int((mask == 0).sum())))
+    assert out.meta_info["setpo_metrics"]["setpo/weight"] == 0.2
+    merged = ray_trainer.compute_data_metrics(batch=out, use_critic=False)  # reaches veRL's metrics of the step
+    assert merged["setpo/set_score_mean"] == pytest.approx(sum(g.set_score for g in client.diversity([{"texts": g} for g in ANSWERS]).groups) / 3, abs=1e-6)
+
+
+def test_off_or_absent_reproduces_verl_exactly(tokenizer):
+    assert getattr(ray_trainer.compute_advantage, "setpo_wrapped", False), "the entry-point plug-in did not install"
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    data = rollout_batch(tokenizer, REWARDS)
+    expected, _ = compute_grpo_outcome_advantage(data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"])
+    for config in (algorithm(), algorithm(enable=False, url="http://unused")):
+        got, out = advantages(rollout_batch(tokenizer, REWARDS), config)
+        assert torch.equal(got, expected) and "setpo_metrics" not in out.meta_info
+
+
+def test_groups_follow_uid_not_row_order(tokenizer, server, client):
+    data = rollout_batch(tokenizer, REWARDS)
+    order = np.random.default_rng(0).permutation(len(data))  # rows of a group scattered, as after balancing
+    shuffled = data.select_idxs(order)
+    settings = {"enable": True, "url": server.url, "weight": 1.0, "tokenizer": str(smollm2_path())}
+    base, _ = advantages(data.select_idxs(order), algorithm())
+    shaped, _ = advantages(shuffled, algorithm(**settings))
+    marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in ANSWERS]).groups for s in g.marginals])[order]
+    assert torch.allclose((shaped - base).sum(-1) / shuffled.batch["response_mask"].sum(-1), marginals, atol=1e-6)
+
+
+def test_service_down_skip_trains_on_verls_advantages_and_fail_raises(tokenizer):
+    down = f"http://127.0.0.1:{free_port()}"
+    base, _ = advantages(rollout_batch(tokenizer, REWARDS), algorithm())
+    skip = {"enable": True, "url": down, "weight": 0.2, "tokenizer": str(smollm2_path()), "on_error": "skip", "timeout": 2}
+    shaped, out = advantages(rollout_batch(tokenizer, REWARDS), algorithm(**skip))
+    assert torch.equal(shaped, base) and out.meta_info["setpo_metrics"]["setpo/fallback_steps"] >= 1
+    with pytest.raises(SetpoError, match="on_error='fail'"):
+        advantages(rollout_batch(tokenizer, REWARDS), algorithm(**{**skip, "on_error": "fail", "url": f"http://127.0.0.1:{free_port()}"}))
+
+
+def test_clear_errors_for_incomplete_settings(tokenizer):
+    with pytest.raises(ValueError, match=r"\+algorithm.setpo.url"):
+        advantages(rollout_batch(tokenizer, REWARDS), algorithm(enable=True))
+    with pytest.raises(ValueError, match=r"setpo.tokenizer"):
+        advantages(rollout_batch(tokenizer, REWARDS), algorithm(enable=True, url="http://127.0.0.1:1"))
