@@ -1,6 +1,27 @@
 # Benchmarks: scripts that print ratios against a baseline run side by side (docs/benchmarks.md).
+# infinity-emb, the peer, needs its own environment (it pins older transformers and sentence-transformers).
+VENV_INFINITY := .venv-infinity
+INFINITY_STAMP := $(VENV_INFINITY)/.installed
 .PHONY: bench
 
-bench: $(STAMP)
+$(INFINITY_STAMP): requirements/infinity.lock
+	$(PYTHON) -m venv $(VENV_INFINITY)
+	$(VENV_INFINITY)/bin/python -m pip install --upgrade pip
+	$(VENV_INFINITY)/bin/python -m pip install $(TORCH)
+	$(VENV_INFINITY)/bin/python -m pip install -c requirements/infinity.lock 'infinity-emb[torch,server]==0.0.78'
+	touch $@
+
+bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) benchmarks/loo_closed_form.py
 	$(PY) benchmarks/http_vs_inprocess.py
+	$(PY) benchmarks/peer_infinity.py
+	$(PY) benchmarks/collapsed_group.py
+	$(PY) benchmarks/concurrency.py
+
+# The full forms of the reliability suites (their quick forms run in make test): > 1000 schemathesis cases,
+# 64 callers for 120 s (memory watched from minute 1 on), and the fault suite.
+.PHONY: soak
+soak: $(STAMP)
+	SETPO_FUZZ_EXAMPLES=250 $(PY) -m pytest -s tests/reliability/test_fuzz.py
+	$(PY) -m tests.reliability.load --duration 120 --callers 64 --out out/soak/load.json
+	$(PY) -m pytest tests/reliability/test_faults.py

@@ -228,3 +228,20 @@ def test_cuda_matches_cpu():
     cpu = set_diversity(cosine_kernel(padded), mask)
     gpu = set_diversity(cosine_kernel(padded.cuda()), mask.cuda())
     assert torch.allclose(gpu.marginals.cpu(), cpu.marginals, atol=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([3, 4, 17, 128]), st.sampled_from([1e-30, 1e-8, 1.0, 1e8, 1e30]), st.integers(0, 2**31 - 1), st.data())
+def test_hostile_groups_give_finite_results(size, scale, seed, data):
+    """Zero vectors, exact duplicates, huge and tiny norms, G = 3 and G = 128: always finite, never NaN."""
+    generator = torch.Generator().manual_seed(seed)
+    group = torch.randn(size, 16, generator=generator, dtype=torch.float64) * scale
+    zeros = data.draw(st.integers(0, size))
+    group[:zeros] = 0.0
+    if size > zeros + 1:
+        group[-1] = group[zeros]  # an exact duplicate of a non-zero member
+    result = set_diversity(cosine_kernel(group[None]))
+    rewards = torch.randn(1, size, generator=generator)
+    shaped = shaped_advantages(rewards, result.marginals, 0.5)
+    for tensor in (result.marginals, result.local_mass, result.set_score, shaped):
+        assert torch.isfinite(tensor).all()

@@ -57,9 +57,9 @@ def spy(monkeypatch):
     return seen
 
 
-def make_trainer(model, client, tmp_path, on_error="skip", **config):
+def make_trainer(model, client, tmp_path, on_error="skip", max_steps=2, **config):
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=12,
-                      max_steps=2, learning_rate=1e-4, beta=0.0, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0, **config)
+                      max_steps=max_steps, learning_rate=1e-4, beta=0.0, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0, **config)
     return SetpoGRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
                             setpo_client=client, setpo_weight=WEIGHT, setpo_on_error=on_error)
 
@@ -123,3 +123,33 @@ def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model,
         for i, text in enumerate(rank["trl"][0]["texts"]):
             expected = base[2 * r + i] + WEIGHT * marginals[2 * r + i]
             assert rank["loss"][0][text] == pytest.approx(expected, abs=1e-5)
+
+
+def test_trl_run_survives_the_service_being_killed_and_restarted(tiny_model, tmp_path):
+    import signal
+
+    import httpx
+    from transformers import TrainerCallback
+
+    from setpo_server.local import LocalServer
+
+    server = LocalServer(port=free_port()).start()
+
+    class KillAfterFirstStepRestartBeforeLast(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                server.stop(signal.SIGKILL)
+            if state.global_step == 3:
+                server.start(wait=False)
+                server.wait_until(lambda: httpx.get(server.url + "/ready").status_code == 200)
+
+    try:
+        client = SetpoClient(server.url, max_retries=1, backoff=0.05, max_backoff=0.1)
+        trainer = make_trainer(tiny_model, client, tmp_path, on_error="skip", max_steps=4)
+        trainer.add_callback(KillAfterFirstStepRestartBeforeLast())
+        trainer.train()
+    finally:
+        server.stop()
+    logged = [e for e in trainer.state.log_history if "setpo/weight" in e]
+    assert [e["setpo/weight"] for e in logged] == [WEIGHT, 0.0, 0.0, WEIGHT]  # all 4 steps trained; shaping resumed
+    assert [e["setpo/fallback_steps"] for e in logged] == [0.0, 1.0, 2.0, 2.0]

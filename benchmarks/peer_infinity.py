@@ -1,0 +1,94 @@
+"""setpo vs infinity-emb serving the same model folder on 127.0.0.1, same requests, same run.
+
+Throughput: each workload's texts in one request (setpo /v1/diversity with its groups, setpo /v1/embeddings,
+infinity /embeddings), alternating, median of --repeats. Latency: one group of 6 texts per request, sent
+one after another, p50 of --latency-requests. Goal: setpo >= 1.2x infinity's throughput at equal or better p50.
+
+    python benchmarks/peer_infinity.py      (needs .venv-infinity: make bench builds it)
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from http_vs_inprocess import workloads  # noqa: E402
+
+from setpo_server.backend import embedded_model_path  # noqa: E402
+from setpo_server.local import LocalServer, free_port  # noqa: E402
+
+INFINITY = Path(__file__).resolve().parents[1] / ".venv-infinity" / "bin" / "infinity_emb"
+
+
+def timed(post) -> float:
+    start = time.perf_counter()
+    response = post()
+    response.raise_for_status()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--latency-requests", type=int, default=40)
+    args = parser.parse_args()
+    model = embedded_model_path()
+    port = free_port()
+    env = {**os.environ, "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+    infinity = subprocess.Popen([str(INFINITY), "v2", "--model-id", model, "--engine", "torch", "--device", "cpu",
+                                 "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peer = f"http://127.0.0.1:{port}"
+    try:
+        with LocalServer() as setpo, httpx.Client(timeout=600) as http:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    if http.get(peer + "/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "infinity did not start"
+                time.sleep(0.5)
+            print(f"{'workload':<12} {'texts':>6} {'setpo diversity t/s':>20} {'setpo embeddings t/s':>21} {'infinity t/s':>13} {'ratio':>6}")
+            for name, groups in workloads().items():
+                texts = [t for g in groups for t in g]
+                calls = {
+                    "diversity": lambda: http.post(setpo.url + "/v1/diversity", json={"groups": [{"texts": g} for g in groups]}),
+                    "embeddings": lambda: http.post(setpo.url + "/v1/embeddings", json={"input": texts}),
+                    "infinity": lambda: http.post(peer + "/embeddings", json={"model": model, "input": texts}),
+                }
+                for call in calls.values():  # warm up each path once
+                    timed(call)
+                seconds = {key: [] for key in calls}
+                for _ in range(args.repeats):
+                    for key, call in calls.items():
+                        seconds[key].append(timed(call))
+                tps = {key: len(texts) / statistics.median(values) for key, values in seconds.items()}
+                print(f"{name:<12} {len(texts):>6} {tps['diversity']:>20.1f} {tps['embeddings']:>21.1f} {tps['infinity']:>13.1f} {tps['diversity'] / tps['infinity']:>6.2f}")
+
+            group = workloads()["gsm8k-64x6"][0]
+            small = {
+                "setpo /v1/diversity": lambda: http.post(setpo.url + "/v1/diversity", json={"groups": [{"texts": group}]}),
+                "setpo /v1/embeddings": lambda: http.post(setpo.url + "/v1/embeddings", json={"input": group}),
+                "infinity /embeddings": lambda: http.post(peer + "/embeddings", json={"model": model, "input": group}),
+            }
+            latency = {key: [] for key in small}
+            for _ in range(args.latency_requests):
+                for key, call in small.items():
+                    latency[key].append(timed(call))
+            print("\none group of 6 GSM8K solutions per request, sequential:")
+            for key, values in latency.items():
+                print(f"  {key:<22} p50 {statistics.median(values) * 1e3:7.1f} ms   p90 {statistics.quantiles(values, n=10)[-1] * 1e3:7.1f} ms")
+    finally:
+        infinity.terminate()
+        infinity.wait(30)
+
+
+if __name__ == "__main__":
+    main()
