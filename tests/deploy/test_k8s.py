@@ -1,0 +1,218 @@
+"""deploy/k8s: every overlay (with and without the monitoring component) and the RayJob render with kustomize,
+pass `kubernetes-validate --strict` on the oldest and newest Kubernetes we target, and their custom resources
+pass our own schemas (deploy/validate_crds.py). Then what the manifests must mean: probes, resources, GPUs only
+in the gpu overlay, selectors that match, a NetworkPolicy that lets in exactly the trainer's pods, and a RayJob
+that reaches the service by its cluster DNS name. Broken copies must fail each check."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.checks import KUBERNETES_VERSIONS, OVERLAYS, ROOT, documents, find, kubernetes_validate, kustomize, server_setting_names, validate_crds
+
+K8S = ROOT / "deploy/k8s"
+RECIPES = ROOT / "services/trainer/recipes"
+
+
+def with_monitoring(tmp_path: Path, overlay: str) -> Path:
+    """A copy of deploy/k8s whose overlay has the monitoring component, as `kustomize edit add component` does."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    kustomization = copy / overlay / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text() + "components:\n  - ../../components/monitoring\n")
+    return copy / overlay
+
+
+def render(directory: Path) -> str:
+    result = kustomize(directory)
+    assert result.returncode == 0, f"kubectl kustomize {directory}: {result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, str]:
+    tmp = tmp_path_factory.mktemp("k8s")
+    out = {overlay: render(K8S / overlay) for overlay in OVERLAYS}
+    out.update({f"{overlay}+monitoring": render(with_monitoring(tmp / overlay.replace("/", "-"), overlay)) for overlay in OVERLAYS})
+    out["rayjob"] = render(K8S / "rayjob")
+    return out
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("target", [*OVERLAYS, *(f"{o}+monitoring" for o in OVERLAYS), "rayjob"])
+def test_manifests_pass_strict_validation(rendered, target, version):
+    result = kubernetes_validate(rendered[target], version)
+    assert result.returncode == 0, result.stdout + result.stderr
+    crds = validate_crds(rendered[target], version)
+    assert crds.returncode == 0, crds.stdout + crds.stderr
+
+
+def test_custom_resources_are_what_we_expect(rendered):
+    # validate_crds must actually see them: a RayJob in rayjob, a ServiceMonitor with monitoring
+    assert find(documents(rendered["rayjob"]), "RayJob")
+    assert find(documents(rendered["overlays/gpu+monitoring"]), "ServiceMonitor")
+    assert not [d for d in documents(rendered["overlays/gpu"]) if d["kind"] == "ServiceMonitor"], "the ServiceMonitor is opt-in"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_server_deployment_probes_resources_and_security(rendered, overlay):
+    deployment = find(documents(rendered[overlay]), "Deployment", "setpo-server")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["startupProbe"]["httpGet"]["path"] == "/ready"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][kind]), f"{overlay}: {kind} must set cpu and memory"
+    has_gpu = "nvidia.com/gpu" in container["resources"]["limits"]
+    assert has_gpu == (overlay == "overlays/gpu"), f"{overlay}: GPUs belong to the gpu overlay only"
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
+    assert container["securityContext"]["readOnlyRootFilesystem"] and not container["securityContext"]["allowPrivilegeEscalation"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SETPO_HOST"]["value"] == "0.0.0.0"
+    assert env["SETPO_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "setpo-api-key", "key": "api-key"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_settings_configmap_holds_only_known_settings(rendered, overlay):
+    docs = documents(rendered[overlay])
+    deployment = find(docs, "Deployment", "setpo-server")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (source,) = container["envFrom"]
+    configmap = find(docs, "ConfigMap", source["configMapRef"]["name"])  # the hashed name kustomize generated
+    unknown = {k for k in configmap["data"] if k.startswith("SETPO_")} - server_setting_names()
+    assert not unknown, f"{overlay}: not settings of setpo-server: {unknown}"
+    assert configmap["data"]["SETPO_DEVICE"] == ("cuda" if overlay == "overlays/gpu" else "cpu")
+    if overlay == "overlays/gpu":
+        assert configmap["data"]["SETPO_MODEL"] == "Qwen/Qwen3-Embedding-0.6B"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_service_hpa_and_pdb_point_at_the_server(rendered, overlay):
+    docs = documents(rendered[overlay])
+    deployment = find(docs, "Deployment", "setpo-server")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = find(docs, "Service", "setpo-server")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    container_ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= container_ports
+    hpa = find(docs, "HorizontalPodAutoscaler", "setpo-server")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "setpo-server"}
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    assert "replicas" not in deployment["spec"], "the HPA owns replicas; a fixed count would fight it on every apply"
+    pdb = find(docs, "PodDisruptionBudget", "setpo-server")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_network_policy_lets_in_only_the_trainer(rendered):
+    server_pods = find(documents(rendered["overlays/gpu"]), "Deployment", "setpo-server")["spec"]["template"]["metadata"]["labels"]
+    policy = find(documents(rendered["overlays/gpu"]), "NetworkPolicy", "setpo-server")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= server_pods.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]  # without the monitoring component: the trainer and nothing else
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}, "a namespaceSelector here would let other namespaces in"
+    allowed = peer["podSelector"]["matchLabels"]
+    rayjob = find(documents(rendered["rayjob"]), "RayJob")
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    for template in templates:
+        assert allowed.items() <= template["metadata"]["labels"].items(), "a Ray pod the NetworkPolicy would block"
+    assert not allowed.items() <= server_pods.items()
+    # with monitoring: one more rule, for Prometheus pods in the monitoring namespace
+    with_prometheus = find(documents(rendered["overlays/gpu+monitoring"]), "NetworkPolicy", "setpo-server")
+    assert len(with_prometheus["spec"]["ingress"]) == 2
+    prometheus = with_prometheus["spec"]["ingress"][1]["from"][0]
+    assert prometheus["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def test_service_monitor_scrapes_the_service_metrics_port(rendered):
+    docs = documents(rendered["overlays/cpu+monitoring"])
+    monitor, service = find(docs, "ServiceMonitor"), find(docs, "Service", "setpo-server")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_rayjob_runs_a_recipe_against_the_service_dns_name(rendered):
+    service = find(documents(rendered["overlays/gpu"]), "Service", "setpo-server")
+    port = service["spec"]["ports"][0]["port"]
+    dns = f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:{port}"
+    rayjob = find(documents(rendered["rayjob"]), "RayJob")
+    assert rayjob["metadata"]["namespace"] == service["metadata"]["namespace"], "the NetworkPolicy's podSelector only matches its own namespace"
+    recipe = re.fullmatch(r"bash /opt/setpo/recipes/(\w+)\.sh", rayjob["spec"]["entrypoint"])
+    assert recipe and (RECIPES / f"{recipe.group(1)}.sh").exists(), rayjob["spec"]["entrypoint"]
+    assert yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]["SETPO_URL"] == dns
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head_env = {e["name"]: e for e in head["env"]}
+    assert head_env["SETPO_URL"]["value"] == dns
+    # the recipe's required inputs (services/trainer/recipes/common.sh) are set where the driver runs
+    assert {"MODEL_PATH", "DATA_PATH", "SETPO_URL", "SAVE_PATH", "SETPO_API_KEY"} <= set(head_env)
+    assert head_env["SETPO_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "setpo-api-key", "key": "api-key"}
+    workers = cluster["workerGroupSpecs"]
+    gpus = sum(int(g["replicas"]) * int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for g in workers)
+    assert gpus == int(head_env["NODES"]["value"]) * int(head_env["GPUS_PER_NODE"]["value"]), "the recipe's NODES x GPUS_PER_NODE must match the worker GPUs"
+    assert all(c["image"] == head["image"] for g in workers for c in g["template"]["spec"]["containers"])
+    # the ray version OpenRLHF pins and the trainer image installs
+    assert cluster["rayVersion"] == "2.55.0"
+
+
+# --- broken manifests must fail ---------------------------------------------------------------------------
+
+def broken_copy(tmp_path: Path, relative: str, old: str, new: str) -> Path:
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    target = copy / relative
+    assert old in target.read_text(), f"the test's anchor text {old!r} moved: update the test"
+    target.write_text(target.read_text().replace(old, new, 1))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "relative, old, new",
+    [
+        ("base/deployment.yaml", "          readinessProbe:", "          readinessProbes:"),  # a misspelt field
+        ("base/deployment.yaml", "              containerPort: 8000", "              containerPort: \"8000\""),  # a wrong type
+        ("overlays/gpu/deployment-gpu.yaml", "            failureThreshold: 120", "            failureThreshold: many"),
+    ],
+    ids=["unknown-field", "wrong-type", "overlay-patch"],
+)
+def test_a_broken_manifest_fails_strict_validation(tmp_path, relative, old, new):
+    overlay = "overlays/gpu" if relative.startswith("overlays/gpu") else "overlays/cpu"
+    rendered = kustomize(broken_copy(tmp_path, relative, old, new) / overlay)
+    assert rendered.returncode == 0, rendered.stderr
+    result = kubernetes_validate(rendered.stdout, KUBERNETES_VERSIONS[-1])
+    assert result.returncode != 0, f"kubernetes-validate accepted {new.strip()!r}"
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ('num-cpus: "0"', "num-cpus: 0"),  # rayStartParams must be strings
+        ("shutdownAfterJobFinishes: true", "shutdownAfterJobFinish: true"),  # not a RayJob field
+        ("submissionMode: K8sJobMode", "submissionMode: K8sMode"),
+        ("              imagePullPolicy: IfNotPresent", "              imagePullPolicy: IfNotPresent\n              restartPolicy: Always\n              gpus: 8"),  # not a container field
+        ("      SETPO_URL: http://setpo-server", "      SETPO_URL: [http://setpo-server"),  # runtimeEnvYAML no longer YAML
+    ],
+    ids=["non-string-start-param", "unknown-spec-field", "bad-submission-mode", "unknown-container-field", "runtime-env-not-yaml"],
+)
+def test_a_broken_rayjob_fails_our_schema(tmp_path, old, new):
+    rendered = kustomize(broken_copy(tmp_path, "rayjob/rayjob.yaml", old, new) / "rayjob")
+    assert rendered.returncode == 0, rendered.stderr
+    result = validate_crds(rendered.stdout)
+    assert result.returncode == 1 and "ERROR" in result.stdout, f"our RayJob schema accepted {new.strip()!r}"
+
+
+def test_a_custom_resource_without_a_schema_fails(rendered):
+    unknown = "apiVersion: ray.io/v1\nkind: RayCluster\nmetadata:\n  name: x\nspec: {}\n"
+    result = validate_crds(rendered["rayjob"] + "---\n" + unknown)
+    assert result.returncode == 1 and "no schema for RayCluster" in result.stdout
+
+
+def test_a_broken_kustomization_fails_to_render(tmp_path):
+    copy = broken_copy(tmp_path, "base/kustomization.yaml", "  - pdb.yaml", "  - pdbs.yaml")
+    assert kustomize(copy / "overlays/cpu").returncode != 0
