@@ -1,0 +1,48 @@
+# shellcheck shell=bash
+# Sourced by the recipes. Inputs are environment variables (a KubeRay RayJob sets them):
+#   MODEL_PATH  the policy to train (HF folder or hub id)         required
+#   DATA_PATH   an OpenRLHF prompt file from `python -m setpo_trainer.openrlhf.data ...`   required
+#   SETPO_URL   the setpo service, e.g. http://setpo:8000          required
+#   SAVE_PATH   where the trained model and TensorBoard logs go   (default: ./ckpt/<recipe>)
+#   NODES, GPUS_PER_NODE   the Ray cluster's GPU nodes            (default: 1 x 8)
+#   WANDB_API_KEY          log to Weights & Biases too            (optional)
+#   SETPO_API_KEY          the service's key                      (optional)
+# Any argument given to a recipe is passed on to setpo-train after the recipe's own flags, so it wins.
+set -euo pipefail
+
+RECIPE=$(basename "$0" .sh)
+
+require() {
+    local name
+    for name in "$@"; do
+        if [ -z "${!name:-}" ]; then
+            echo "$RECIPE: set $name (see services/trainer/recipes/common.sh for every input)" >&2
+            exit 2
+        fi
+    done
+}
+
+reward_file() {  # the OpenRLHF reward function file of setpo_trainer: math or countdown
+    python -c "from setpo_trainer.openrlhf.rewards import path; print(path('$1'))"
+}
+
+require MODEL_PATH DATA_PATH SETPO_URL
+SAVE_PATH=${SAVE_PATH:-./ckpt/$RECIPE}
+NODES=${NODES:-1}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+
+# Where things run, for every recipe: actor and reference share the GPUs with the vLLM engines (colocate_all,
+# sleep modes), DeepSpeed ZeRO-3 in bf16, packed samples. VLLM_TP: GPUs per vLLM engine.
+VLLM_TP=${VLLM_TP:-1}
+CLUSTER_FLAGS=(
+    --actor.num_nodes "$NODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
+    --ref.num_nodes "$NODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
+    --vllm.num_engines $((NODES * GPUS_PER_NODE / VLLM_TP)) --vllm.tensor_parallel_size "$VLLM_TP"
+    --vllm.gpu_memory_utilization 0.6 --vllm.enable_sleep --ds.enable_sleep --train.colocate_all
+    --ds.zero_stage 3 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable --ds.packing_samples
+    --ckpt.output_dir "$SAVE_PATH" --ckpt.path "$SAVE_PATH/checkpoints" --ckpt.save_steps 50 --ckpt.save_hf
+    --logger.tensorboard_dir "$SAVE_PATH/tensorboard" --logger.wandb.project setpo --logger.wandb.run_name "$RECIPE"
+)
+if [ -n "${WANDB_API_KEY:-}" ]; then
+    CLUSTER_FLAGS+=(--logger.wandb.key "$WANDB_API_KEY")
+fi

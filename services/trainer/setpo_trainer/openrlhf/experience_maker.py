@@ -1,0 +1,74 @@
+"""SetpoExperienceMaker: OpenRLHF's RemoteExperienceMaker with one change, after its advantage step.
+
+OpenRLHF computes rewards, the group advantages (group_norm for GRPO, GSPO and DAPO; also dr_grpo, rloo,
+reinforce_baseline) and per-token advantages as it always does. Then, for the rollout batch as a whole:
+decode every response with the trainer's tokenizer, send all groups in ONE request to the setpo service
+(through SetpoShaper: bonus = lambda * s_i, fault policy, metrics), and add lambda * s_i to every response
+token of response i. Prompt and padding positions (action_mask = 0) are left untouched, so the policy loss
+(PPO clip, clip-higher, or GSPO's sequence ratio) sees exactly A^_i = A_i + lambda * s_i.
+
+The step's SetPO metrics ride in `experience.info` as one value per sample: OpenRLHF's actor averages info
+over the batch and its trainer sends the result to W&B / TensorBoard as `train/setpo/...`, every step.
+"""
+
+import time
+
+import torch
+from openrlhf.trainer.ppo_utils.experience import Experience
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+from openrlhf.utils.logging_utils import init_logger
+
+from setpo_client.client import DEFAULT_URL, SetpoClient
+from setpo_client.shaping import SetpoShaper
+
+logger = init_logger(__name__)
+
+
+class SetpoExperienceMaker(RemoteExperienceMaker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        setpo = getattr(self.args, "setpo", None)  # the --setpo.* flags, parsed by setpo-train with OpenRLHF's own
+        if setpo is None:
+            raise RuntimeError("SetpoExperienceMaker needs the --setpo.* arguments: start training with setpo-train")
+        client = SetpoClient(setpo.url or DEFAULT_URL, timeout=setpo.timeout, max_retries=setpo.max_retries)  # key: $SETPO_API_KEY
+        self.setpo = SetpoShaper(client, setpo.weight, setpo.on_error, setpo.max_chars)
+        self.setpo_embed = setpo.embed
+        self.setpo_previous_start: float | None = None  # the previous step's advantage step: one step ago
+        logger.info(f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, on_error={setpo.on_error})")
+
+    @torch.no_grad()
+    def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:
+        experiences = super().compute_advantages_and_returns(experiences)
+        start = time.perf_counter()
+        n = self.args.rollout.n_samples_per_prompt
+
+        # experience.index holds each row's place in the rollout batch, where a prompt's n samples are
+        # consecutive (OpenRLHF's group_norm reshapes them the same way). Dynamic filtering has already
+        # dropped whole groups before this point, so only kept groups are here and sent.
+        texts: list[str] = [""] * sum(len(experience.index) for experience in experiences)
+        for experience in experiences:
+            for row, index in enumerate(experience.index):
+                if self.setpo_embed == "response":
+                    # action_mask[t] marks sequences[t + 1]: the response tokens (several spans for agents)
+                    tokens = experience.sequences[row, 1:][experience.action_mask[row].bool()]
+                else:  # prompt_response: the whole trajectory as the policy saw it, without padding
+                    tokens = experience.sequences[row][experience.attention_mask[row].bool()]
+                texts[index] = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        step = self.setpo.score([texts[i : i + n] for i in range(0, len(texts), n)])
+
+        bonus = torch.tensor([b for group in step.bonus for b in group])  # (rollout rows,) lambda * s_i
+        for experience in experiences:
+            row_bonus = bonus[experience.index].to(experience.advantages.dtype)  # (B,)
+            # (B, A): response tokens get the bonus; prompt and padding positions get 0
+            experience.advantages = experience.advantages + row_bonus[:, None] * experience.action_mask
+
+        now = time.perf_counter()
+        metrics = {**step.metrics, "setpo/time_s": now - start}  # decoding, the request and the addition
+        if self.setpo_previous_start is not None:  # one step = from the previous advantage step to this one
+            metrics["setpo/time_share"] = metrics["setpo/time_s"] / (now - self.setpo_previous_start)
+        self.setpo_previous_start = start
+        for experience in experiences:
+            rows = len(experience.index)
+            for name, value in metrics.items():
+                experience.info[name] = torch.full((rows,), float(value))  # (B,): the batch mean is the value
+        return experiences

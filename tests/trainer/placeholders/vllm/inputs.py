@@ -1,0 +1,5 @@
+"""Test-only placeholder for vLLM (see _placeholder.py)."""
+
+from _placeholder import module_getattr
+
+__getattr__ = module_getattr(__name__)

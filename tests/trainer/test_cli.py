@@ -1,0 +1,148 @@
+"""setpo-train's command line: OpenRLHF's flags unchanged plus --setpo.*, and every mistake stopped before
+Ray or a GPU is touched; the recipes' flags pass OpenRLHF's own checks."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+
+from setpo_server.local import LocalServer, free_port
+from setpo_trainer.openrlhf import cli, ray_hook
+from tests.trainer.conftest import PLACEHOLDERS
+
+RECIPES = Path(__file__).parents[2] / "services" / "trainer" / "recipes"
+BIN = Path(sys.executable).parent
+
+
+def base_flags(tiny_model: str, url: str) -> list[str]:
+    return ["--actor.model_name_or_path", tiny_model, "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4",
+            "--rollout.batch_size", "8", "--setpo.url", url]
+
+
+def error_of(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        cli.parse_args(argv)
+    assert stopped.value.code not in (0, None)
+    return str(stopped.value.code) + capsys.readouterr().err
+
+
+def test_help_lists_every_openrlhf_flag_and_ours(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.parse_args(["--help"])
+    assert stopped.value.code == 0
+    shown = capsys.readouterr().out
+    openrlhf_flags = [flag for action in cli.openrlhf_parser()._actions for flag in action.option_strings]
+    assert len(openrlhf_flags) > 150 and all(flag in shown for flag in openrlhf_flags)
+    for ours in ("--setpo.url", "--setpo.weight", "--setpo.api_key", "--setpo.timeout", "--setpo.max_retries", "--setpo.on_error",
+                 "--setpo.embed", "--setpo.max_chars", "--setpo.check_only", "--setpo.ready_timeout"):
+        assert ours in shown
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--setpo.weight", "-1"], "argument --setpo.weight: must be >= 0, got -1"),
+    (["--setpo.weight", "nan"], "argument --setpo.weight: must be >= 0, got nan"),
+    (["--setpo.timeout", "0"], "argument --setpo.timeout: must be > 0"),
+    (["--setpo.max_retries", "-2"], "argument --setpo.max_retries: must be >= 0"),
+    (["--setpo.max_chars", "0"], "argument --setpo.max_chars: must be > 0"),
+    (["--setpo.on_error", "retry"], "argument --setpo.on_error: invalid choice: 'retry'"),
+    (["--setpo.embed", "prompt"], "argument --setpo.embed: invalid choice: 'prompt'"),
+    (["--setpo.wieght", "0.1"], "unrecognized arguments: --setpo.wieght"),
+    (["--actor.policy_loss_type", "grpo"], "argument --actor.policy_loss_type: invalid choice: 'grpo'"),  # OpenRLHF's own check
+    (["--algo.advantage.estimator", "gae"], "--setpo.weight > 0 needs a group advantage estimator"),
+    (["--rollout.n_samples_per_prompt", "2"], "needs --rollout.n_samples_per_prompt >= 3"),
+    (["--setpo.max_chars", "200000"], "the service takes texts of at most 100000 characters"),
+])
+def test_bad_values_fail_with_a_message_naming_them(flags, message, capsys, tiny_model, server):
+    assert message in error_of(capsys, base_flags(tiny_model, server.url) + flags)
+
+
+def test_no_service_is_a_clear_error_before_ray_starts(capsys, tiny_model, monkeypatch):
+    monkeypatch.delenv("SETPO_URL", raising=False)
+    assert "--setpo.weight > 0 needs the service: pass --setpo.url" in error_of(capsys, base_flags(tiny_model, "")[:-2])
+    down = f"http://127.0.0.1:{free_port()}"
+    error = error_of(capsys, base_flags(tiny_model, down) + ["--setpo.ready_timeout", "1"])
+    assert f"the SetPO service at {down} is not usable" in error and "--setpo.weight 0" in error
+    assert not ray.is_initialized()
+    # lambda = 0 is plain OpenRLHF: no service needed
+    assert cli.parse_args(base_flags(tiny_model, down) + ["--setpo.weight", "0"])
+
+
+def test_key_and_limits_are_checked_against_the_service(capsys, tiny_model, monkeypatch):
+    monkeypatch.setenv("SETPO_API_KEY", "")  # restored after the test: the check below sets it
+    with LocalServer(api_key="right-key", max_groups=8) as guarded:
+        error = error_of(capsys, base_flags(tiny_model, guarded.url) + ["--setpo.api_key", "wrong-key"])
+        assert "not usable" in error and "missing or wrong API key" in error
+        args = cli.parse_args(base_flags(tiny_model, guarded.url) + ["--setpo.api_key", "right-key"])
+        # the key leaves the arguments (printed and sent to W&B by OpenRLHF) for the environment of the Ray job
+        assert vars(args)["setpo.api_key"] is None and os.environ["SETPO_API_KEY"] == "right-key"
+        assert ray_hook.add_worker_setup({"env_vars": {"A": "1"}})["env_vars"] == {"SETPO_API_KEY": "right-key", "A": "1"}
+        assert vars(args)["setpo.max_chars"] == 8 * 256  # all-MiniLM-L6-v2 reads 256 tokens
+        error = error_of(capsys, base_flags(tiny_model, guarded.url) + ["--setpo.api_key", "right-key", "--rollout.batch_size", "9"])
+        assert "sends 9 groups of 4" in error and "SETPO_MAX_GROUPS" in error
+
+
+def test_check_only_runs_openrlhfs_own_checks_and_stops_before_ray(capsys, tiny_model, server, monkeypatch):
+    monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", ray_hook.RUNTIME_ENV_HOOK)
+    cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only"])
+    assert "the arguments check out" in capsys.readouterr().out and not ray.is_initialized()
+    with pytest.raises(AssertionError, match="remote_rm_url or agent_func_path must be specified when using dynamic filtering"):
+        cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only", "--algo.dynamic_filtering_enable"])
+
+
+def test_a_foreign_ray_runtime_env_hook_is_refused(tiny_model, server, monkeypatch):
+    monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", "somebody.elses.hook")
+    with pytest.raises(SystemExit, match="RAY_RUNTIME_ENV_HOOK is already set"):
+        cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only"])
+    with pytest.raises(RuntimeError, match="already has a worker_process_setup_hook"):
+        ray_hook.add_worker_setup({"worker_process_setup_hook": "mine.setup"})
+
+
+def test_without_vllm_setpo_train_says_what_to_install():
+    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"].replace(PLACEHOLDERS, "")}
+    run = subprocess.run([str(BIN / "setpo-train"), "--help"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "cannot import OpenRLHF's trainer (No module named 'vllm')" in run.stderr
+
+
+RECIPE_ENV = {
+    "grpo_gsm8k.sh": {}, "gspo_gsm8k.sh": {}, "dapo_gsm8k.sh": {}, "math_hard_32b.sh": {},
+    "countdown_grpo.sh": {"ROLLOUTS": "7", "KL": "0.005"},
+}
+
+
+def run_recipe(name: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+    """The recipe under bash with this venv's setpo-train and python first on PATH; None removes a variable."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **env}
+    env = {key: value for key, value in env.items() if value is not None}
+    return subprocess.run(["bash", str(RECIPES / name), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_every_recipe_is_there():
+    assert sorted(path.name for path in RECIPES.glob("*.sh") if path.name != "common.sh") == sorted(RECIPE_ENV)
+
+
+@pytest.mark.parametrize("recipe", RECIPE_ENV)
+def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, server, tmp_path):
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "prompts.jsonl"), "SETPO_URL": server.url, "SAVE_PATH": str(tmp_path),
+           **RECIPE_ENV[recipe]}
+    run = run_recipe(recipe, env, "--setpo.check_only")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "the arguments check out" in run.stdout and f"at {server.url}" in run.stdout
+
+    run = run_recipe(recipe, {**env, "SETPO_URL": None})
+    assert run.returncode == 2 and f"{recipe[:-3]}: set SETPO_URL" in run.stderr
+
+
+def test_countdown_recipe_needs_its_grid_values(tiny_model, server, tmp_path):
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    assert "set ROLLOUTS" in run_recipe("countdown_grpo.sh", {**env, "KL": "0.001"}).stderr
+    run = run_recipe("countdown_grpo.sh", {**env, "KL": "0.001", "ROLLOUTS": "2"})
+    assert run.returncode == 2 and "ROLLOUTS must be a whole number >= 3" in run.stderr
+
+
+def test_recipes_pass_shellcheck():
+    recipes = sorted(str(path) for path in RECIPES.glob("*.sh"))
+    run = subprocess.run([str(BIN / "shellcheck"), "--external-sources", *recipes], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout
