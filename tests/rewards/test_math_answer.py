@@ -57,6 +57,8 @@ def test_different_answers_do_not_match(predicted, reference):
 def test_extraction_takes_the_last_box_with_nested_braces():
     assert extract_final_answer("first \\boxed{1}, finally \\boxed{\\frac{a}{b+{c}}}") == "\\frac{a}{b+{c}}"
     assert extract_final_answer("The answer is 42.") == "42"
+    assert extract_final_answer("The answer is 10.<|im_end|>") == "10"  # a chat end token after the answer
+    assert extract_final_answer("#### 7<|eot_id|>") == "7"
     assert extract_final_answer("no answer here") is None
     assert extract_final_answer("\\boxed{unclosed") is None
     assert math_reward("I think it is 72", "72") == 0.0  # a number in passing is not a final answer

@@ -9,6 +9,7 @@ normalised LaTeX text.
 import re
 from fractions import Fraction
 
+_SPECIAL_TOKEN = re.compile(r"<\|[^|>]*\|>")
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _FALLBACKS = [re.compile(r"####\s*([^\n]+)"), re.compile(r"[Tt]he (?:final )?answer is[:\s]*\$?([^\n$]+)")]
 
@@ -25,8 +26,8 @@ def extract_final_answer(response: str) -> str | None:
         return None  # an unclosed box is no answer
     for pattern in _FALLBACKS:
         found = pattern.findall(response)
-        if found:
-            return found[-1].strip().rstrip(".")
+        if found:  # a chat model's end token (<|im_end|>, <|eot_id|>) may follow the answer on its line
+            return _SPECIAL_TOKEN.sub("", found[-1]).strip().rstrip(".")
     return None
 
 
