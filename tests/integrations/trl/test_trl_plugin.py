@@ -3,13 +3,12 @@
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.integrations.trl import SetpoGRPOTrainer
 from setpo_server.local import free_port
-from setpo_trainer.models import smollm2_path
+from tests.tiny_model import tiny_llama
 
 WEIGHT = 0.5
 PROMPTS = ["What is 2 + 3?", "Name a prime number.", "Spell 'cat' backwards.", "What is 10 / 2?"]
@@ -17,16 +16,7 @@ PROMPTS = ["What is 2 + 3?", "Name a prime number.", "Spell 'cat' backwards.", "
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    """A tiny random Llama with SmolLM2's tokenizer: a real transformers model, a second per step on CPU."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_path())
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def varied_reward(completions, **kwargs):
