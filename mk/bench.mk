@@ -22,6 +22,6 @@ bench: $(STAMP) $(INFINITY_STAMP)
 # 64 callers for 120 s (memory watched from minute 1 on), and the fault suite.
 .PHONY: soak
 soak: $(STAMP)
-	SETPO_FUZZ_EXAMPLES=250 $(PY) -m pytest -s tests/reliability/test_fuzz.py
+	SETPO_FUZZ_EXAMPLES=400 $(PY) -m pytest -s tests/reliability/test_fuzz.py
 	$(PY) -m tests.reliability.load --duration 120 --callers 64 --out out/soak/load.json
 	$(PY) -m pytest tests/reliability/test_faults.py

@@ -1,4 +1,4 @@
-# Deployment (docs/readme/deploy.md): images, docker compose, Kubernetes (Kustomize + KubeRay).
+# Deployment (README.md, "Deployment"): images, docker compose, Kubernetes (Kustomize + KubeRay).
 #   make test-deploy-config   offline checks of every deployment file; part of `make test` (about a minute)
 #   make test-deploy          the real container run with podman: build, serve, compose up the cpu profile
 #                             (minutes; needs root for apt-get and podman). Run it before changing deployment files.
@@ -22,9 +22,9 @@ test-deploy-config: $(DEPLOY_STAMP)
 # The container test runs in the root .venv: the client, setpo_core and the embedded model in this process are
 # the reference the container's answers are compared with. setup.sh installs podman and builds the base image.
 test-deploy: $(DEPLOY_STAMP) $(STAMP)
-	eval "$$(bash deploy/podman/setup.sh)" && \
-	SETPO_COMPOSE="$$($(VENV_DEPLOY)/bin/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')" \
-	$(PY) -m pytest -s tests/deploy/container
+	envs="$$(bash deploy/podman/setup.sh)" && eval "$$envs" && \
+	compose="$$($(VENV_DEPLOY)/bin/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')" && \
+	SETPO_COMPOSE="$$compose" SETPO_REQUIRE_CONTAINER=1 $(PY) -m pytest -s tests/deploy/container
 
 lock-deploy: $(DEPLOY_STAMP)
 	{ sed -n '1p' requirements/deploy.lock; $(VENV_DEPLOY)/bin/python -m pip freeze --exclude-editable; } > requirements/deploy.lock.new

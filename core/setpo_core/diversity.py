@@ -147,7 +147,9 @@ def group_advantages(rewards: Tensor, mask: Tensor | None = None) -> Tensor:
     size = mask.sum(dim=-1, keepdim=True).to(rewards.dtype)  # (B, 1)
     mean = torch.where(mask, rewards, 0.0).sum(dim=-1, keepdim=True) / size
     centered = torch.where(mask, rewards - mean, 0.0)  # (B, G)
-    std = (centered.square().sum(dim=-1, keepdim=True) / (size - 1).clamp_min(1)).sqrt()
+    # std of centered / scale, times scale: squaring huge rewards directly would overflow to an inf std
+    scale = centered.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(rewards.dtype).tiny)  # (B, 1)
+    std = scale * ((centered / scale).square().sum(dim=-1, keepdim=True) / (size - 1).clamp_min(1)).sqrt()
     spread = torch.where(mask, rewards, -torch.inf).amax(dim=-1) - torch.where(mask, rewards, torch.inf).amin(dim=-1)
     return torch.where((spread > 0)[:, None] & mask, centered / (std + 1e-6), 0.0)
 

@@ -7,10 +7,14 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/llm_cpu}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PORT=${PORT:-8765}
-SETPO_PORT=$PORT .venv/bin/setpo-server > "$OUT.server.log" 2>&1 &
+mkdir -p "$OUT"
+SETPO_PORT=$PORT .venv/bin/setpo-server > "$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER' EXIT
-until curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null; do sleep 1; done
+until curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null; do
+  kill -0 $SERVER 2> /dev/null || { echo "setpo-server exited; see $OUT/server.log" >&2; exit 1; }
+  sleep 1
+done
 for method in grpo setpo; do
   .venv-trl/bin/python experiments/llm_cpu/train_trl.py --method $method --out "$OUT" --setpo-url "http://127.0.0.1:$PORT"
 done

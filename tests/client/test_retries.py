@@ -21,7 +21,8 @@ def test_backoff_grows_exponentially_with_jitter_capped_and_honours_retry_after(
         delays = [backoff_delay(attempt, 0.25, 4.0) for _ in range(200)]
         assert all(ceiling / 2 <= d <= ceiling for d in delays)
         assert len(set(delays)) > 100  # jittered, not lockstep
-    assert backoff_delay(0, 0.25, 4.0, retry_after="7") == 7.0
+    assert backoff_delay(0, 0.25, 8.0, retry_after="7") == 7.0
+    assert backoff_delay(0, 0.25, 4.0, retry_after="50000") == 4.0  # an estimate of hours is capped
     assert backoff_delay(0, 0.25, 4.0, retry_after="Wed, 21 Oct 2015 07:28:00 GMT") <= 0.25
 
 

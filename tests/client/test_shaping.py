@@ -1,5 +1,8 @@
 """SetpoShaper: one request per step, lambda * s per response, the fault policy, and the step metrics."""
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
 from setpo_client import SetpoAPIError, SetpoClient, SetpoError
@@ -54,6 +57,35 @@ def test_fail_raises_a_clear_error():
 def test_a_bad_request_raises_even_under_skip(client):
     with pytest.raises(SetpoAPIError, match="at least 3"):
         SetpoShaper(client, weight=0.1, on_error="skip").score([["only", "two"]])
+
+
+class FailingService(BaseHTTPRequestHandler):
+    """A service that is up but broken: every request gets `status` with `body` (a model crash, a broken proxy)."""
+
+    status, body = 500, b'{"error": {"message": "CUDA out of memory", "type": "server_error"}}'
+
+    def do_POST(self):
+        self.send_response(self.status)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("status,body", [(500, FailingService.body), (200, b'{"groups": [{"marginals": [NaN]}]}')], ids=["500", "off-contract 200"])
+def test_a_failing_service_falls_back_under_skip_and_raises_under_fail(status, body):
+    handler = type("Handler", (FailingService,), {"status": status, "body": body})
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as broken:
+        threading.Thread(target=broken.serve_forever, daemon=True).start()
+        client = SetpoClient(f"http://127.0.0.1:{broken.server_port}", max_retries=0)
+        shaper = SetpoShaper(client, weight=0.1, on_error="skip")
+        step = shaper.score(GROUPS)
+        assert step.marginals is None and step.metrics["setpo/weight"] == 0.0 and shaper.fallback_steps == 1
+        with pytest.raises(SetpoAPIError, match=f"answered {status}"):
+            SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
+        broken.shutdown()
 
 
 def test_max_chars_keeps_the_beginning(client):

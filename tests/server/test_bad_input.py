@@ -32,6 +32,8 @@ CASES = [
     ("neither", {"groups": [{"rewards": [1, 0, 1]}]}, 422, "groups[0]", "exactly one"),
     ("rewards of wrong length", {"groups": [OK_GROUP, {**OK_GROUP, "rewards": [1, 0]}]}, 422, "groups[1]", "3 members but 2 rewards"),
     ("group of two", {"groups": [OK_GROUP, OK_GROUP, {"texts": ["a", "b"]}]}, 422, "groups[2]", "at least 3"),
+    ("rewards overflowing the advantage", {"groups": [OK_GROUP, {**OK_GROUP, "rewards": [1.5e308, 1.5e308, -1.5e308]}]}, 422,
+     "groups[1].rewards", "overflow"),
     ("groups not a list", {"groups": {"texts": ["a", "b", "c"]}}, 422, "groups", "valid list"),
 ]
 

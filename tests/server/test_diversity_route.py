@@ -2,7 +2,9 @@
 
 import torch
 
+from setpo_client import SetpoClient
 from setpo_core.diversity import group_advantages
+from setpo_server.local import LocalServer
 from tests.core import reference
 
 SOLUTIONS = [
@@ -78,3 +80,36 @@ def test_over_long_texts_are_truncated_and_counted(client):
     result = client.diversity([{"texts": [long_text, "a", "b"]}])
     assert result.usage.truncated == 1
     assert result.usage.tokens == 256 + 3 + 3  # "a" and "b" are [CLS] a [SEP]
+
+
+def test_one_big_group_among_many_small_ones_gets_the_same_answers_as_alone(client):
+    # The server scores groups in buckets of one size (no padding to the largest); answers keep request order.
+    generator = torch.Generator().manual_seed(1)
+    groups = [torch.randn(3, 8, generator=generator) + 0.3 for _ in range(40)]
+    groups.insert(17, torch.randn(64, 8, generator=generator) + 0.3)
+    groups.insert(5, torch.randn(5, 8, generator=generator) + 0.3)
+    rewards = [[float(i % 2) for i in range(len(g))] for g in groups]
+    together = client.diversity([{"embeddings": g.tolist(), "rewards": r} for g, r in zip(groups, rewards)], weight=0.3)
+    for group, reward, answer in zip(groups, rewards, together.groups):
+        alone = client.diversity([{"embeddings": group.tolist(), "rewards": reward}], weight=0.3).groups[0]
+        assert answer == alone
+
+
+def test_huge_finite_rewards_give_finite_advantages(client):
+    result = client.diversity([{"texts": SOLUTIONS[:3], "rewards": [1e39, 0.0, -1e39]}], weight=0.0)
+    assert torch.allclose(torch.tensor(result.groups[0].advantages, dtype=torch.float64), torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64))
+
+
+def test_truncation_side_left_keeps_the_ends_of_long_texts(client):
+    prefix = "step " * 300  # over the model's 256 tokens: only the end tells these two apart
+    texts = [prefix + "so the answer is sixty", prefix + "therefore we find fifty as the result"]
+
+    def cosine(response) -> float:
+        a, b = (torch.tensor(item.embedding) for item in response.data)
+        return float(a @ b)
+
+    assert cosine(client.embeddings(texts)) > 0.999  # default "right": both keep the same beginning
+    with LocalServer(truncation_side="left") as left, SetpoClient(left.url) as left_client:
+        kept_ends = left_client.embeddings(texts)
+    assert cosine(kept_ends) < 0.99
+    assert kept_ends.usage.truncated == 2

@@ -1,7 +1,7 @@
 """Sync and async clients for the setpo service, with bounded retries.
 
 Retried, with exponential backoff and jitter: connection failures (refused, reset, dropped mid-answer)
-and the answers 429, 502, 503 and 504, whose Retry-After is honoured as a floor. Not retried: any other
+and the answers 429, 502, 503 and 504, whose Retry-After is honoured as a floor (up to max_backoff). Not retried: any other
 4xx (the request itself is wrong; the exception carries the server's message) and read timeouts (the
 server may still be working on it; sending it again would only add load).
 """
@@ -11,6 +11,7 @@ import os
 import random
 import time
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import httpx
 
@@ -18,6 +19,7 @@ from setpo_client.errors import SetpoAPIError, SetpoConnectionError, SetpoTimeou
 from setpo_client.types import DiversityRequest, DiversityResponse, EmbeddingsRequest, EmbeddingsResponse, ErrorResponse, Group, Info
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+T = TypeVar("T")
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
@@ -25,11 +27,12 @@ RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx
 def backoff_delay(attempt: int, backoff: float, max_backoff: float, retry_after: str | None = None) -> float:
     """Seconds to wait before retry number `attempt` (0-based): uniform in [d/2, d] with
     d = min(max_backoff, backoff * 2**attempt), so many callers don't retry in lockstep; never less
-    than the server's Retry-After."""
+    than the server's Retry-After, but never more than max_backoff either: an estimate of hours must not
+    stall a training step for hours."""
     ceiling = min(max_backoff, backoff * 2**attempt)
     delay = random.uniform(ceiling / 2, ceiling)
     try:
-        return max(delay, float(retry_after)) if retry_after else delay
+        return max(delay, min(float(retry_after), max_backoff)) if retry_after else delay
     except ValueError:  # an HTTP-date Retry-After: fall back to our own backoff
         return delay
 
@@ -40,6 +43,14 @@ def api_error(response: httpx.Response) -> SetpoAPIError:
         return SetpoAPIError(response.status_code, detail.message, detail.type, detail.param)
     except ValueError:
         return SetpoAPIError(response.status_code, response.text[:500] or response.reason_phrase)
+
+
+def parsed(model: type[T], response: httpx.Response) -> T:
+    """The answer as `model`; an answer outside the contract is the server's fault, reported as such."""
+    try:
+        return model.model_validate_json(response.content)
+    except ValueError as exc:
+        raise SetpoAPIError(response.status_code, f"answer does not match the setpo contract: {exc}") from exc
 
 
 def diversity_payload(groups: Sequence[Group | Mapping], weight: float | None) -> dict:
@@ -101,14 +112,14 @@ class SetpoClient(_ClientConfig):
     def diversity(self, groups: Sequence[Group | Mapping], weight: float | None = None) -> DiversityResponse:
         """Marginals, local masses, set scores (and shaped advantages for groups with rewards)."""
         response = self._request("POST", "/v1/diversity", diversity_payload(groups, weight))
-        return DiversityResponse.model_validate_json(response.content)
+        return parsed(DiversityResponse, response)
 
     def embeddings(self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None) -> EmbeddingsResponse:
         response = self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
-        return EmbeddingsResponse.model_validate_json(response.content)
+        return parsed(EmbeddingsResponse, response)
 
     def info(self) -> Info:
-        return Info.model_validate_json(self._request("GET", "/info").content)
+        return parsed(Info, self._request("GET", "/info"))
 
     def ready(self) -> bool:
         """True when the model is loaded and warmed up. A server that cannot be reached is not ready."""
@@ -163,14 +174,14 @@ class AsyncSetpoClient(_ClientConfig):
 
     async def diversity(self, groups: Sequence[Group | Mapping], weight: float | None = None) -> DiversityResponse:
         response = await self._request("POST", "/v1/diversity", diversity_payload(groups, weight))
-        return DiversityResponse.model_validate_json(response.content)
+        return parsed(DiversityResponse, response)
 
     async def embeddings(self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None) -> EmbeddingsResponse:
         response = await self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
-        return EmbeddingsResponse.model_validate_json(response.content)
+        return parsed(EmbeddingsResponse, response)
 
     async def info(self) -> Info:
-        return Info.model_validate_json((await self._request("GET", "/info")).content)
+        return parsed(Info, await self._request("GET", "/info"))
 
     async def ready(self) -> bool:
         try:

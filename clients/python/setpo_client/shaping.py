@@ -67,7 +67,8 @@ class SetpoShaper:
                     "setpo/saturation": fmean(group.saturation for group in result.groups),
                 })
             except SetpoAPIError as exc:
-                if exc.status not in (429, 502, 503, 504) or self.on_error == "fail":
+                # A 4xx (other than 429) is a bug in what we send; a 5xx is the service failing, an outage
+                if (400 <= exc.status < 500 and exc.status != 429) or self.on_error == "fail":
                     raise
                 self._fall_back(exc)
             except SetpoError as exc:

@@ -21,6 +21,10 @@ from starlette.concurrency import run_in_threadpool
 from setpo_server import metrics
 from setpo_server.backend import Backend
 
+# The most seconds a 429 asks a caller to wait: past a minute the estimate is a guess, and clients should
+# come back and see.
+MAX_RETRY_AFTER = 60
+
 
 class Overloaded(Exception):
     def __init__(self, queued_texts: int, retry_after: int):
@@ -76,7 +80,7 @@ class Batcher:
     def _check_room(self, count: int) -> None:
         if self._queued_texts + count > self.max_queue_texts:
             wait = self._queued_tokens / self._tokens_per_second if self._tokens_per_second else 1.0
-            raise Overloaded(self._queued_texts, max(1, math.ceil(wait)))
+            raise Overloaded(self._queued_texts, min(MAX_RETRY_AFTER, max(1, math.ceil(wait))))
 
     def _take_jobs(self) -> list[_Job]:
         """Jobs in arrival order until the next would overflow the token budget (always at least one)."""
@@ -142,7 +146,9 @@ class Batcher:
             metrics.BATCH_TOKENS.observe(len(chunk) * longest)
             start += len(chunk)
         metrics.TEXTS_EMBEDDED.inc(len(texts))
-        self._tokens_per_second = sum(tokens) / max(time.perf_counter() - start_time, 1e-6)
+        # A moving average: one tiny, overhead-bound batch must not make the Retry-After estimate absurd
+        measured = sum(tokens) / max(time.perf_counter() - start_time, 1e-6)
+        self._tokens_per_second = measured if not self._tokens_per_second else 0.8 * self._tokens_per_second + 0.2 * measured
         return rows
 
     async def close(self) -> None:

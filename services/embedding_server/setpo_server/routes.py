@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from setpo_core.diversity import cosine_kernel, kernel_saturation, pad_groups, set_diversity, shaped_advantages, unit_rows
+from setpo_core.diversity import cosine_kernel, kernel_saturation, set_diversity, shaped_advantages, unit_rows
 from setpo_server import __version__, metrics
 from setpo_server.batcher import Batcher, Embedded, Overloaded
 from setpo_server.errors import ApiError
@@ -160,8 +160,12 @@ async def diversity(body: DiversityRequest, request: Request, batcher: Batcher =
 
 
 def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, shape: str) -> list[GroupResult]:
-    """Runs in a worker thread: one padded batch through setpo_core for all groups at once.
-    `embedded` holds the text groups' rows, group after group, in request order."""
+    """Runs in a worker thread. `embedded` holds the text groups' rows, group after group, in request order.
+
+    Groups are scored in buckets of one size and width, each a padding-free (B, G, d) batch through
+    setpo_core: padding every group to the request's largest would let one big group among thousands of
+    small ones ask for gigabytes.
+    """
     members, next_row = [], 0
     for group in groups:
         if group.texts is not None:
@@ -169,26 +173,29 @@ def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, 
             next_row += group.size
         else:  # float64 so extreme norms survive until cosine_kernel scales each row
             members.append(torch.tensor(group.embeddings, dtype=torch.float64))
-    padded, mask = pad_groups(members)  # (B, G, d), (B, G)
-    kernel = cosine_kernel(padded)  # (B, G, G)
-    result = set_diversity(kernel, mask, shape)
-    saturation = kernel_saturation(kernel, mask).tolist()
-    rewards = torch.zeros(mask.shape)  # (B, G); groups without rewards are computed but not reported
-    for b, group in enumerate(groups):
-        if group.rewards is not None:
-            rewards[b, : group.size] = torch.tensor(group.rewards)
-    advantages = shaped_advantages(rewards, result.marginals, weight, mask).tolist()
-    marginals, masses, scores = result.marginals.tolist(), result.local_mass.tolist(), result.set_score.tolist()
-    return [
-        GroupResult(
-            marginals=marginals[b][: group.size],
-            local_mass=masses[b][: group.size],
-            set_score=scores[b],
-            saturation=saturation[b],
-            advantages=advantages[b][: group.size] if group.rewards is not None else None,
-        )
-        for b, group in enumerate(groups)
-    ]
+    buckets: dict[tuple, list[int]] = {}
+    for b, rows in enumerate(members):
+        buckets.setdefault((*rows.shape, rows.dtype), []).append(b)
+    results: list[GroupResult | None] = [None] * len(groups)
+    for indices in buckets.values():
+        kernel = cosine_kernel(torch.stack([members[b] for b in indices]))  # (B, G, G)
+        scored = set_diversity(kernel, shape=shape)
+        saturation = kernel_saturation(kernel).tolist()
+        # float64: rewards of any finite size keep a finite advantage (float32 overflows past 3e38)
+        rewards = torch.tensor([groups[b].rewards or [0.0] * groups[b].size for b in indices], dtype=torch.float64)
+        advantages = shaped_advantages(rewards, scored.marginals.double(), weight)  # (B, G)
+        for row, b in enumerate(indices):
+            if groups[b].rewards is not None and not bool(advantages[row].isfinite().all()):
+                message = "shaped advantages overflow float64; rescale the rewards or lower the weight"
+                raise ApiError(422, message, "invalid_request_error", f"groups[{b}].rewards")
+            results[b] = GroupResult(
+                marginals=scored.marginals[row].tolist(),
+                local_mass=scored.local_mass[row].tolist(),
+                set_score=scored.set_score[row].item(),
+                saturation=saturation[row],
+                advantages=advantages[row].tolist() if groups[b].rewards is not None else None,
+            )
+    return results
 
 
 @router.post("/v1/embeddings", dependencies=[Depends(require_key)], responses=ERRORS)

@@ -115,6 +115,21 @@ def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model,
             assert rank["loss"][0][text] == pytest.approx(expected, abs=1e-5)
 
 
+def test_two_processes_with_fail_and_the_service_down_all_raise_instead_of_waiting(tiny_model, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("two_process_run.py")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    down = f"http://127.0.0.1:{free_port()}"
+    run = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                          str(script), tiny_model, down, str(tmp_path), "fail"], capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0
+    for rank in (0, 1):  # rank 1 never talks to the service: it gets rank 0's error through the broadcast
+        assert "cannot reach the setpo server" in (tmp_path / f"rank{rank}.error").read_text()
+
+
 def test_trl_run_survives_the_service_being_killed_and_restarted(tiny_model, tmp_path):
     import signal
 

@@ -35,10 +35,13 @@ def put_rollouts(tq, tokenizer, partition: str):
     for uid, texts in ANSWERS.items():
         for session, (text, reward) in enumerate(zip(texts, REWARDS[uid])):
             ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
-            scores = torch.zeros(len(ids))
-            scores[-1] = reward
+            # a multi-turn row: the policy's answer, then a tool's output that response_mask leaves out
+            tool = torch.tensor(tokenizer(f" [tool output {uid} {session}: 42 rows]", add_special_tokens=False)["input_ids"])
+            scores = torch.zeros(len(ids) + len(tool))
+            scores[len(ids) - 1] = reward
+            mask = torch.cat([torch.ones_like(ids), torch.zeros_like(tool)])
             keys.append(f"{uid}_{session}_0")
-            fields.append({"uid": uid, "responses": ids, "response_mask": torch.ones_like(ids), "rm_scores": scores})
+            fields.append({"uid": uid, "responses": torch.cat([ids, tool]), "response_mask": mask, "rm_scores": scores})
     return tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), partition_id=partition), keys
 
 
@@ -51,8 +54,14 @@ def trainer(tokenizer, **setpo):
 
 
 def advantages_per_row(tq, keys, partition) -> list[float]:
-    got = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=["advantages"])["advantages"]
-    return [row[0].item() for row in got.unbind()]  # one value on every token of a row
+    """The one advantage of each row's answer tokens; the tool's tokens must keep 0."""
+    got = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=["advantages", "response_mask"])
+    values = []
+    for row, mask in zip(got["advantages"].unbind(), got["response_mask"].unbind()):
+        answer, tool = row[mask.bool()], row[~mask.bool()]
+        assert torch.all(answer == answer[0]) and torch.all(tool == 0)
+        values.append(answer[0].item())
+    return values
 
 
 def test_v1_advantage_step_adds_weight_times_marginals_through_transfer_queue(transfer_queue, server, client):

@@ -21,6 +21,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from trl import GRPOTrainer
 
 from setpo_client.client import SetpoClient
+from setpo_client.errors import SetpoError
 from setpo_client.shaping import OnError, SetpoShaper
 
 
@@ -28,6 +29,8 @@ class SetpoGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, setpo_client: SetpoClient, setpo_weight: float = 0.05, setpo_on_error: OnError = "skip",
                  setpo_max_chars: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        if setpo_weight > 0 and self.num_generations < 3:  # fail now, not after the first generation round
+            raise ValueError(f"SetPO needs num_generations >= 3 (leave-one-out needs pairs left), got {self.num_generations}")
         self.setpo = SetpoShaper(setpo_client, setpo_weight, setpo_on_error, setpo_max_chars)
         self._setpo_round_start: float | None = None
 
@@ -40,11 +43,19 @@ class SetpoGRPOTrainer(GRPOTrainer):
         local = self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=True)
         texts = gather_object(local)  # every process's completions, in TRL's gather order: groups are consecutive
         size = self.num_generations
-        payload = [None]
+        payload, error = [None], None
         if self.accelerator.is_main_process:
-            step = self.setpo.score([texts[i : i + size] for i in range(0, len(texts), size)])
-            payload = [([b for group in step.bonus for b in group], step.metrics)]
-        bonus, metrics = broadcast_object_list(payload, from_process=0)[0]
+            try:
+                step = self.setpo.score([texts[i : i + size] for i in range(0, len(texts), size)])
+                payload = [([b for group in step.bonus for b in group], step.metrics)]
+            except Exception as exc:  # noqa: BLE001  every process must stop, or the others wait in the broadcast
+                error, payload = exc, [f"{type(exc).__name__}: {exc}"]
+        result = broadcast_object_list(payload, from_process=0)[0]
+        if error is not None:
+            raise error
+        if isinstance(result, str):
+            raise SetpoError(f"SetPO scoring failed on the main process: {result}")
+        bonus, metrics = result
         offset = self.accelerator.process_index * len(local)
         shaping = torch.tensor(bonus[offset : offset + len(local)], dtype=output["advantages"].dtype, device=output["advantages"].device)
         output["advantages"] = output["advantages"] + shaping  # (local B,)

@@ -139,8 +139,9 @@ def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper) -> dict[str, flo
 
     fields = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "responses", "response_mask", "advantages"])
     nested_mask = fields["response_mask"]
-    responses = [row for row in fields["responses"].unbind()]
-    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in responses]
+    # only the policy's own tokens: in multi-turn rows response_mask leaves out tool and environment output
+    rows = zip(fields["responses"].unbind(), nested_mask.unbind())
+    texts = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in rows]
     uids = np.array(fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object).tolist()
     bonus, metrics = shape_rows(texts, uids, shaper)
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)

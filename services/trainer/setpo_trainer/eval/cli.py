@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--setpo-url", help="a setpo service: adds mean pairwise similarity and set score D(S)")
     run.add_argument("--setpo-api-key", default=os.environ.get("SETPO_API_KEY"))
     run.add_argument("--judge-url", help="OpenAI-compatible base URL of an LLM judge (the paper's diversity prompt)")
-    run.add_argument("--judge-key", default=os.environ.get("SETPO_JUDGE_KEY"))
+    run.add_argument("--judge-key", help="API key of the judge (default: SETPO_JUDGE_KEY)")
     run.add_argument("--judge-model", default="gemini-2.5-flash")
     run.add_argument("--judge-samples", type=int, default=16, help="samples per problem shown to the judge (paper: 16)")
     compare = commands.add_parser("compare", help="table and plots from several run directories")
@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command == "run" and not args.samples and not args.model:
         parser.error("run needs --model, or --samples to score existing samples")
+    if args.command == "run" and args.judge_key and not args.judge_url:
+        parser.error("--judge-key needs --judge-url: the judge is only asked when its URL is given")
     return args
 
 
@@ -69,6 +71,13 @@ def run(args: argparse.Namespace) -> dict:
 
     rewards = [[p.reward(r) for r in group] for p, group in zip(problems, samples)]
     answers = [[p.correct_answer(r) for r in group] for p, group in zip(problems, samples)]
+    # Written before the service and judge are asked: if they fail, `--samples` scores these again
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "samples.jsonl").open("w") as file:
+        for p, group, group_rewards, group_answers in zip(problems, samples, rewards, answers):
+            for i, (response, reward, answer) in enumerate(zip(group, group_rewards, group_answers)):
+                file.write(json.dumps({"problem_id": p.id, "sample": i, "response": response, "reward": reward, "correct": reward == 1.0, "answer": answer}) + "\n")
+    log.info("wrote %s", args.out / "samples.jsonl")
     diversity = {"distinct_correct_mean": fmean(metrics.distinct_correct(answers))}
     if problems[0].kind == "countdown":
         diversity.update(metrics.countdown_diversity(answers))
@@ -78,14 +87,10 @@ def run(args: argparse.Namespace) -> dict:
         with SetpoClient(args.setpo_url, api_key=args.setpo_api_key) as client:
             diversity.update(metrics.service_diversity(client, samples))
     if args.judge_url:
-        scores = [judge_diversity(p.question, group[: args.judge_samples], args.judge_url, args.judge_key, args.judge_model)[0] for p, group in zip(problems, samples)]
+        judge_key = args.judge_key or os.environ.get("SETPO_JUDGE_KEY")
+        scores = [judge_diversity(p.question, group[: args.judge_samples], args.judge_url, judge_key, args.judge_model)[0] for p, group in zip(problems, samples)]
         diversity["judge_score_mean"] = fmean(scores)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "samples.jsonl").open("w") as file:
-        for p, group, group_rewards, group_answers in zip(problems, samples, rewards, answers):
-            for i, (response, reward, answer) in enumerate(zip(group, group_rewards, group_answers)):
-                file.write(json.dumps({"problem_id": p.id, "sample": i, "response": response, "reward": reward, "correct": reward == 1.0, "answer": answer}) + "\n")
     summary = {
         "method": args.method, "dataset": args.dataset, "model": args.model, "problems": len(problems), "n": len(samples[0]),
         "temperature": args.temperature, "top_p": args.top_p,
