@@ -184,16 +184,20 @@ def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, 
         # float64: rewards of any finite size keep a finite advantage (float32 overflows past 3e38)
         rewards = torch.tensor([groups[b].rewards or [0.0] * groups[b].size for b in indices], dtype=torch.float64)
         advantages = shaped_advantages(rewards, scored.marginals.double(), weight)  # (B, G)
+        finite = advantages.isfinite().all(dim=-1).tolist()
+        # one conversion per bucket, not per group: thousands of groups share a bucket
+        marginals, masses, scores = scored.marginals.tolist(), scored.local_mass.tolist(), scored.set_score.tolist()
+        advantages = advantages.tolist()
         for row, b in enumerate(indices):
-            if groups[b].rewards is not None and not bool(advantages[row].isfinite().all()):
+            if groups[b].rewards is not None and not finite[row]:
                 message = "shaped advantages overflow float64; rescale the rewards or lower the weight"
                 raise ApiError(422, message, "invalid_request_error", f"groups[{b}].rewards")
             results[b] = GroupResult(
-                marginals=scored.marginals[row].tolist(),
-                local_mass=scored.local_mass[row].tolist(),
-                set_score=scored.set_score[row].item(),
+                marginals=marginals[row],
+                local_mass=masses[row],
+                set_score=scores[row],
                 saturation=saturation[row],
-                advantages=advantages[row].tolist() if groups[b].rewards is not None else None,
+                advantages=advantages[row] if groups[b].rewards is not None else None,
             )
     return results
 
