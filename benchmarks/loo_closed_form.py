@@ -7,7 +7,7 @@ float32 on the same kernels; max error is against the literal definition in floa
 pure-Python reference of the tests (tests/core/reference.py) is timed too ("vs python"), as the definition
 is usually implemented (the paper's Algorithm 1).
 
-    python benchmarks/loo_closed_form.py [--quick]
+    python benchmarks/loo_closed_form.py [--quick] [--plot docs/figures/loo_speedup.png]
 """
 
 import argparse
@@ -53,11 +53,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds of repeats per measurement")
+    parser.add_argument("--plot", type=Path, help="write the speed-ups against G, one line per B, to this PNG")
     args = parser.parse_args()
     sizes = [3, 6, 16] if args.quick else [3, 6, 16, 64, 128]
     batches = [1, 64] if args.quick else [1, 64, 4096]
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32")
+    speedups: dict[tuple[str, int], list[tuple[int, float]]] = {}  # (baseline, B) -> [(G, speed-up)]
     print(f"{'B':>5} {'G':>4} {'closed ms':>10} {'literal ms':>11} {'speed-up':>9} {'python ms':>10} {'vs python':>10} {'max |err|':>10}")
     for batch in batches:
         for size in sizes:
@@ -72,7 +74,36 @@ def main() -> None:
                 rows = kernel.double().tolist()
                 python_s = seconds(lambda: [reference.loo_marginals(k) for k in rows], 0.2)
                 python, ratio = f"{python_s * 1e3:.2f}", f"{python_s / closed:.0f}x"
+                speedups.setdefault(("python", batch), []).append((size, python_s / closed))
+            speedups.setdefault(("literal", batch), []).append((size, literal / closed))
             print(f"{batch:>5} {size:>4} {closed * 1e3:>10.3f} {literal * 1e3:>11.3f} {literal / closed:>8.1f}x {python:>10} {ratio:>10} {error:>10.2e}")
+    if args.plot:
+        plot(speedups, args.plot)
+
+
+def plot(speedups: dict[tuple[str, int], list[tuple[int, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    titles = {"python": "vs the per-subset definition (Python)", "literal": "vs the definition vectorised in torch"}
+    for ax, baseline in zip(axes, ("python", "literal")):
+        for (name, batch), points in sorted(speedups.items()):
+            if name == baseline:
+                ax.plot(*zip(*points), marker="o", label=f"B = {batch}")
+        ax.set(title=titles[baseline], xlabel="group size G", xscale="log", yscale="log")
+        ax.set_xticks([3, 6, 16, 64, 128], labels=["3", "6", "16", "64", "128"])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    axes[0].axhline(200, color="grey", linestyle="--", linewidth=1)  # the goal at 4096 x 16
+    axes[0].set_ylabel("closed-form speed-up (x)")
+    fig.suptitle(f"Closed-form LOO marginals, float32, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """setpo vs infinity-emb serving the same model folder on 127.0.0.1, same requests, same run.
 
 Throughput: each workload's texts in one request (setpo /v1/diversity with its groups, setpo /v1/embeddings,
-infinity /embeddings), alternating, median of --repeats. Latency: one group of 6 texts per request, sent
+infinity /embeddings), alternating, median of --repeats. This VM's speed drifts by 10-20 % over minutes, so
+the ratio is also given as the median of each repeat's own ratio ("paired"): adjacent calls share the drift. Latency: one group of 6 texts per request, sent
 one after another, p50 of --latency-requests. Goal: setpo >= 1.2x infinity's throughput at equal or better p50.
 
     python benchmarks/peer_infinity.py      (needs .venv-infinity: make bench builds it)
@@ -55,7 +56,7 @@ def main() -> None:
                     pass
                 assert time.monotonic() < deadline, "infinity did not start"
                 time.sleep(0.5)
-            print(f"{'workload':<12} {'texts':>6} {'setpo diversity t/s':>20} {'setpo embeddings t/s':>21} {'infinity t/s':>13} {'ratio':>6}")
+            print(f"{'workload':<12} {'texts':>6} {'setpo diversity t/s':>20} {'setpo embeddings t/s':>21} {'infinity t/s':>13} {'ratio':>6} {'paired':>7}")
             for name, groups in workloads().items():
                 texts = [t for g in groups for t in g]
                 calls = {
@@ -70,7 +71,9 @@ def main() -> None:
                     for key, call in calls.items():
                         seconds[key].append(timed(call))
                 tps = {key: len(texts) / statistics.median(values) for key, values in seconds.items()}
-                print(f"{name:<12} {len(texts):>6} {tps['diversity']:>20.1f} {tps['embeddings']:>21.1f} {tps['infinity']:>13.1f} {tps['diversity'] / tps['infinity']:>6.2f}")
+                paired = statistics.median(peer / ours for ours, peer in zip(seconds["diversity"], seconds["infinity"]))
+                print(f"{name:<12} {len(texts):>6} {tps['diversity']:>20.1f} {tps['embeddings']:>21.1f} {tps['infinity']:>13.1f} "
+                      f"{tps['diversity'] / tps['infinity']:>6.2f} {paired:>7.2f}")
 
             group = workloads()["gsm8k-64x6"][0]
             small = {

@@ -12,7 +12,7 @@ $(INFINITY_STAMP): requirements/infinity.lock
 	touch $@
 
 bench: $(STAMP) $(INFINITY_STAMP)
-	$(PY) benchmarks/loo_closed_form.py
+	$(PY) benchmarks/loo_closed_form.py --plot docs/figures/loo_speedup.png
 	$(PY) benchmarks/http_vs_inprocess.py
 	$(PY) benchmarks/peer_infinity.py
 	$(PY) benchmarks/collapsed_group.py
@@ -22,6 +22,6 @@ bench: $(STAMP) $(INFINITY_STAMP)
 # 64 callers for 120 s (memory watched from minute 1 on), and the fault suite.
 .PHONY: soak
 soak: $(STAMP)
-	SETPO_FUZZ_EXAMPLES=400 $(PY) -m pytest -s tests/reliability/test_fuzz.py
-	$(PY) -m tests.reliability.load --duration 120 --callers 64 --out out/soak/load.json
+	SETPO_FUZZ_EXAMPLES=500 SETPO_FUZZ_MIN_CASES=1000 $(PY) -m pytest -s tests/reliability/test_fuzz.py
+	$(PY) -m tests.reliability.load --duration 120 --callers 64 --out out/soak/load.json --plot docs/figures/soak_rss.png
 	$(PY) -m pytest tests/reliability/test_faults.py

@@ -2,7 +2,7 @@
 bounded in time. Raw callers record every answer; retrying callers (the real client) must finish all their
 work. Quick form: tests/reliability/test_load.py; full form (64 callers, 120 s, so memory can be watched from minute 1 on): `make soak`, i.e.
 
-    python -m tests.reliability.load --duration 120 --callers 64 --out out/soak/load.json
+    python -m tests.reliability.load --duration 120 --callers 64 --out out/soak/load.json --plot docs/figures/soak_rss.png
 """
 
 import argparse
@@ -97,12 +97,31 @@ async def run_load(server: LocalServer, duration: float, callers: int, retrying:
     return report
 
 
+def plot_rss(report: LoadReport, args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(*zip(*report.rss_mb), lw=1.5)
+    ax.axvline(60, color="grey", ls="--", lw=1, label=f"minute 1; growth after it {report.rss_growth():.1%} (goal < 10 %)")
+    ax.set(xlabel="seconds", ylabel="server resident memory (MB)", ylim=(0, None),
+           title=f"{args.callers} callers overloading a queue of {args.max_queue_texts} texts")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.plot, dpi=110)
+    print(f"plot: {args.plot}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=120.0, help="at least 60 s; memory is compared from minute 1 on")
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--max-queue-texts", type=int, default=512, help="small, so the load overloads the queue")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--plot", type=Path, help="write the server's resident memory over the run to this PNG")
     args = parser.parse_args()
     with LocalServer(max_queue_texts=args.max_queue_texts) as server:
         report = asyncio.run(run_load(server, args.duration, args.callers, retrying=8, work=20))
@@ -111,6 +130,8 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({**summary, "rss_mb": report.rss_mb}, indent=1))
+    if args.plot:
+        plot_rss(report, args)
     failures = [
         *(["a 5xx or unexpected status"] if set(report.statuses) - {"200", "429", "503"} else []),
         *(["a 429/503 without Retry-After"] if report.missing_retry_after else []),

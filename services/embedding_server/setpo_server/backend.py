@@ -5,6 +5,7 @@ import logging
 import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from setpo_server.settings import Settings
@@ -48,9 +49,10 @@ def embedded_model_path() -> str:
 class Backend:
     """A sentence-transformers model, ready to embed.
 
-    `encode` runs only on the batcher's single forward thread. `count_tokens` is called from request
-    threads, so it uses its own copy of the tokenizer behind a lock: a fast tokenizer mutates its
-    truncation state on every call and must not be shared across threads.
+    Each text is tokenised once, by `tokenize` in a request thread; `encode` then only pads and runs the model,
+    on the batcher's single forward thread. Letting sentence-transformers tokenise again per forward cost
+    8-12 % of throughput (docs/benchmarks.md). `tokenize` uses its own copy of the tokenizer behind a lock: a
+    fast tokenizer mutates its truncation state on every call and must not be shared across threads.
     """
 
     def __init__(self, settings: Settings):
@@ -68,27 +70,48 @@ class Backend:
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.model = SentenceTransformer(self.model_path, device=self.device, model_kwargs={"dtype": self.dtype})
         self.model.eval()
+        if not getattr(self.model.tokenizer, "is_fast", False):
+            raise ValueError(f"{self.name} has no fast (tokenizer.json) tokenizer; setpo-server needs one to cut texts once")
         self.model.tokenizer.truncation_side = settings.truncation_side
         self.max_tokens = int(self.model.max_seq_length)
         self.dimension = int(self.model.get_embedding_dimension())
-        self._counter = copy.deepcopy(self.model.tokenizer)
-        self._counter_lock = threading.Lock()
+        # what SentenceTransformer.encode would put before every text (a model's default prompt, usually none)
+        self.prompt = self.model.prompts.get(self.model.default_prompt_name, "") if self.model.default_prompt_name else ""
+        self._tokenizer = copy.deepcopy(self.model.tokenizer)
+        self._tokenizer_lock = threading.Lock()
         log.info("loaded %s on %s (%s): dim %d, max %d tokens", self.name, self.device, self.dtype, self.dimension, self.max_tokens)
 
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        """Untruncated token counts, special tokens included, as the model's tokenizer sees the texts."""
-        with self._counter_lock:
-            ids = self._counter(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        return [len(row) for row in ids]
+    def tokenize(self, texts: list[str]) -> tuple[list[np.ndarray], list[bool]]:
+        """Each text's input ids, cut to max_tokens on the truncation side with its special tokens kept, and
+        whether it was cut. int32 arrays: a full queue of token lists as Python ints would take 9x the memory."""
+        with self._tokenizer_lock:
+            encoded = self._tokenizer(
+                [self.prompt + text for text in texts] if self.prompt else texts,
+                truncation=True,
+                max_length=self.max_tokens,
+                return_overflowing_tokens=True,  # the cut-off rest comes back as extra rows: how we know it was cut
+                return_attention_mask=False,
+                return_token_type_ids=False,
+                verbose=False,
+            )
+        first_row: dict[int, int] = {}
+        truncated = [False] * len(texts)
+        for row, text in enumerate(encoded["overflow_to_sample_mapping"]):  # each text's kept part comes first
+            if text in first_row:
+                truncated[text] = True
+            else:
+                first_row[text] = row
+        return [np.asarray(encoded["input_ids"][first_row[i]], dtype=np.int32) for i in range(len(texts))], truncated
 
-    def encode(self, texts: list[str]) -> torch.Tensor:
-        """One forward pass over texts -> (n, dim) float32 CPU, unit length."""
-        embeddings = self.model.encode(
-            texts, batch_size=len(texts), convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
-        )
-        return embeddings.float().cpu()
+    def encode(self, ids: list[np.ndarray]) -> torch.Tensor:
+        """One forward pass over tokenised texts -> (n, dim) float32 CPU, unit length."""
+        features = self.model.tokenizer.pad({"input_ids": ids}, return_tensors="pt")  # the model's padding side and id
+        with torch.inference_mode():
+            embeddings = self.model.forward({name: tensor.to(self.device) for name, tensor in features.items()})["sentence_embedding"]
+        return torch.nn.functional.normalize(embeddings.float(), dim=-1).cpu()
 
     def warm_up(self) -> None:
         """One short and one maximum-length forward, so the first real request pays no first-call costs."""
-        self.encode(["warm-up"])
-        self.encode(["warm-up " * self.max_tokens])
+        short, longest = self.tokenize(["warm-up", "warm-up " * self.max_tokens])[0]
+        self.encode([short])
+        self.encode([longest])
