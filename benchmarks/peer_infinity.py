@@ -2,10 +2,13 @@
 
 Throughput: each workload's texts in one request (setpo /v1/diversity with its groups, setpo /v1/embeddings,
 infinity /embeddings), alternating, median of --repeats. This VM's speed drifts by 10-20 % over minutes, so
-the ratio is also given as the median of each repeat's own ratio ("paired"): adjacent calls share the drift. Latency: one group of 6 texts per request, sent
-one after another, p50 of --latency-requests. Goal: setpo >= 1.2x infinity's throughput at equal or better p50.
+the ratio is also given as the median of each repeat's own ratio ("paired"): adjacent calls share the drift.
+Latency: one group of 6 texts per request, sent one after another, p50 of --latency-requests.
+Goal: setpo >= 1.2x infinity's throughput at equal or better p50.
 
-    python benchmarks/peer_infinity.py      (needs .venv-infinity: make bench builds it)
+--compile runs both servers with their torch.compile option (setpo SETPO_COMPILE=true, infinity --compile).
+
+    python benchmarks/peer_infinity.py [--compile]     (needs .venv-infinity: make bench builds it)
 """
 
 import argparse
@@ -38,16 +41,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-requests", type=int, default=40)
+    parser.add_argument("--compile", action="store_true", help="both servers torch.compile their model")
     args = parser.parse_args()
     model = embedded_model_path()
     port = free_port()
     env = {**os.environ, "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    infinity = subprocess.Popen([str(INFINITY), "v2", "--model-id", model, "--engine", "torch", "--device", "cpu",
-                                 "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [str(INFINITY), "v2", "--model-id", model, "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+    infinity = subprocess.Popen(command + ["--compile"] * args.compile, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peer = f"http://127.0.0.1:{port}"
     try:
-        with LocalServer() as setpo, httpx.Client(timeout=600) as http:
-            deadline = time.monotonic() + 180
+        with LocalServer(compile=args.compile) as setpo, httpx.Client(timeout=600) as http:
+            deadline = time.monotonic() + 300
             while True:
                 try:
                     if http.get(peer + "/health").status_code == 200:
@@ -56,6 +60,7 @@ def main() -> None:
                     pass
                 assert time.monotonic() < deadline, "infinity did not start"
                 time.sleep(0.5)
+            print(f"both servers compiled: {args.compile}")
             print(f"{'workload':<12} {'texts':>6} {'setpo diversity t/s':>20} {'setpo embeddings t/s':>21} {'infinity t/s':>13} {'ratio':>6} {'paired':>7}")
             for name, groups in workloads().items():
                 texts = [t for g in groups for t in g]

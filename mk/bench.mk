@@ -15,6 +15,7 @@ bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) benchmarks/loo_closed_form.py --plot docs/figures/loo_speedup.png
 	$(PY) benchmarks/http_vs_inprocess.py
 	$(PY) benchmarks/peer_infinity.py
+	$(PY) benchmarks/peer_infinity.py --compile
 	$(PY) benchmarks/collapsed_group.py
 	$(PY) benchmarks/concurrency.py
 

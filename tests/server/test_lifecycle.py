@@ -50,3 +50,4 @@ def test_info_reports_model_and_limits(client):
     assert (info.model, info.dimension, info.max_tokens, info.device, info.dtype) == ("all-MiniLM-L6-v2", 384, 256, "cpu", "float32")
     assert info.limits.max_group_size == 256 and info.default_weight == 0.05 and info.shape == "neg_log1p"
     assert info.limits.max_batch_tokens == 2048  # "auto" resolved for the CPU
+    assert not info.compiled  # SETPO_COMPILE is opt-in

@@ -105,6 +105,7 @@ class Info(_Response):
     max_tokens: int
     device: str
     dtype: str
+    compiled: bool
     truncation_side: str
     shape: str
     default_weight: float

@@ -70,6 +70,19 @@ class Backend:
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.model = SentenceTransformer(self.model_path, device=self.device, model_kwargs={"dtype": self.dtype})
         self.model.eval()
+        self.compiled = settings.compile
+        if settings.compile:
+            import torch._inductor.config
+
+            transformer = self.model[0]
+            if not isinstance(getattr(transformer, "model", None), torch.nn.Module):
+                raise ValueError(f"SETPO_COMPILE=true needs a transformers-backed model; {self.name} starts with {type(transformer).__name__}")
+            # Freezing turns the weights into graph constants, so inductor can pre-pack them and fold more around the
+            # matrix multiplies (bias adds, GELU, layer norms); in one in-process A/B on short texts, compile without
+            # freezing ran 1.24x slower than with it (docs/benchmarks.md sections 7-8).
+            torch._inductor.config.freezing = True
+            # dynamic: one graph for every batch size and length, not one per shape a request happens to bring
+            transformer.model = torch.compile(transformer.model, dynamic=True)
         if not getattr(self.model.tokenizer, "is_fast", False):
             raise ValueError(f"{self.name} has no fast (tokenizer.json) tokenizer; setpo-server needs one to cut texts once")
         self.model.tokenizer.truncation_side = settings.truncation_side
@@ -79,7 +92,8 @@ class Backend:
         self.prompt = self.model.prompts.get(self.model.default_prompt_name, "") if self.model.default_prompt_name else ""
         self._tokenizer = copy.deepcopy(self.model.tokenizer)
         self._tokenizer_lock = threading.Lock()
-        log.info("loaded %s on %s (%s): dim %d, max %d tokens", self.name, self.device, self.dtype, self.dimension, self.max_tokens)
+        log.info("loaded %s on %s (%s%s): dim %d, max %d tokens", self.name, self.device, self.dtype,
+                 ", compiling during the warm-up" if self.compiled else "", self.dimension, self.max_tokens)
 
     def tokenize(self, texts: list[str]) -> tuple[list[np.ndarray], list[bool]]:
         """Each text's input ids, cut to max_tokens on the truncation side with its special tokens kept, and
@@ -111,7 +125,9 @@ class Backend:
         return torch.nn.functional.normalize(embeddings.float(), dim=-1).cpu()
 
     def warm_up(self) -> None:
-        """One short and one maximum-length forward, so the first real request pays no first-call costs."""
+        """Forwards at the shapes requests bring, so the first real one pays no first-call costs (a compiled
+        model compiles here): one short text, one of maximum length, and batches of two, with and without
+        padding (a compiled graph treats batch size 1 apart)."""
         short, longest = self.tokenize(["warm-up", "warm-up " * self.max_tokens])[0]
-        self.encode([short])
-        self.encode([longest])
+        for batch in ([short], [longest], [short, short], [short, longest]):
+            self.encode(batch)

@@ -119,6 +119,7 @@ def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
         max_tokens=backend.max_tokens,
         device=backend.device,
         dtype=str(backend.dtype).removeprefix("torch."),
+        compiled=backend.compiled,
         truncation_side=settings.truncation_side,
         shape=settings.shape,
         default_weight=settings.weight,

@@ -132,6 +132,7 @@ class Info(BaseModel):
     max_tokens: int
     device: str
     dtype: str
+    compiled: bool = Field(description="SETPO_COMPILE: the model runs through torch.compile")
     truncation_side: str
     shape: str
     default_weight: float

@@ -17,6 +17,9 @@ class Settings(BaseSettings):
     device: str = "auto"  # auto = cuda when present, else cpu; or any torch device string ("cuda:1")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto = float16 on CUDA, float32 on CPU
     truncation_side: Literal["right", "left"] = "right"  # which end of an over-long text is cut
+    # torch.compile the model, weights frozen into the graph: +0-12 % throughput on the 2-core CPU (docs/benchmarks.md
+    # section 8), 17-53 s more at start. Needs a C++ compiler on CPU, Triton on CUDA.
+    compile: bool = False
 
     # Batching and overload
     # padded tokens per forward pass; auto = 2048 on CPU (large batches are slower there, docs/benchmarks.md),
