@@ -7,8 +7,10 @@ Latency: one group of 6 texts per request, sent one after another, p50 of --late
 Goal: setpo >= 1.2x infinity's throughput at equal or better p50.
 
 --compile runs both servers with their torch.compile option (setpo SETPO_COMPILE=true, infinity --compile).
+--dtype runs both in that precision (setpo SETPO_DTYPE, infinity --dtype): bfloat16 is what a CPU with AMX
+should serve in (docs/benchmarks.md section 9).
 
-    python benchmarks/peer_infinity.py [--compile]     (needs .venv-infinity: make bench builds it)
+    python benchmarks/peer_infinity.py [--compile] [--dtype bfloat16]   (needs .venv-infinity: make bench builds it)
 """
 
 import argparse
@@ -42,15 +44,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--compile", action="store_true", help="both servers torch.compile their model")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both servers' model precision")
     args = parser.parse_args()
     model = embedded_model_path()
     port = free_port()
     env = {**os.environ, "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    command = [str(INFINITY), "v2", "--model-id", model, "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+    command = [str(INFINITY), "v2", "--model-id", model, "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype]
     infinity = subprocess.Popen(command + ["--compile"] * args.compile, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peer = f"http://127.0.0.1:{port}"
     try:
-        with LocalServer(compile=args.compile) as setpo, httpx.Client(timeout=600) as http:
+        with LocalServer(compile=args.compile, dtype=args.dtype) as setpo, httpx.Client(timeout=600) as http:
             deadline = time.monotonic() + 300
             while True:
                 try:
@@ -60,7 +63,7 @@ def main() -> None:
                     pass
                 assert time.monotonic() < deadline, "infinity did not start"
                 time.sleep(0.5)
-            print(f"both servers compiled: {args.compile}")
+            print(f"both servers compiled: {args.compile}, dtype: {args.dtype}")
             print(f"{'workload':<12} {'texts':>6} {'setpo diversity t/s':>20} {'setpo embeddings t/s':>21} {'infinity t/s':>13} {'ratio':>6} {'paired':>7}")
             for name, groups in workloads().items():
                 texts = [t for g in groups for t in g]

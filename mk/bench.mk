@@ -16,6 +16,7 @@ bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) benchmarks/http_vs_inprocess.py
 	$(PY) benchmarks/peer_infinity.py
 	$(PY) benchmarks/peer_infinity.py --compile
+	$(PY) benchmarks/peer_infinity.py --dtype bfloat16
 	$(PY) benchmarks/collapsed_group.py
 	$(PY) benchmarks/concurrency.py
 

