@@ -47,6 +47,7 @@ def test_requests_queued_behind_a_running_batch_share_one_forward_and_dedup():
     with LocalServer(max_batch_tokens=16384) as server:
         long_texts = [f"draft {i} " + "step by step " * 120 for i in range(256)]  # 256 tokens each: 4 chunks of 64
         forwards, dedup = metric(server, "setpo_batch_size_count"), metric(server, "setpo_texts_deduplicated_total")
+        timed, model_seconds = metric(server, "setpo_forward_seconds_count"), metric(server, "setpo_forward_seconds_sum")
         big = threading.Thread(target=lambda: SetpoClient(server.url).embeddings(long_texts))
         big.start()
         time.sleep(0.5)  # the big job is in the forward thread now; everything below queues behind it
@@ -57,6 +58,8 @@ def test_requests_queued_behind_a_running_batch_share_one_forward_and_dedup():
         big.join()
         assert all(len(r.groups[0].marginals) == 6 for r in results)
         assert metric(server, "setpo_batch_size_count") - forwards == 4 + 1  # the ten small requests: one forward
+        assert metric(server, "setpo_forward_seconds_count") - timed == 4 + 1  # each forward pass timed once
+        assert metric(server, "setpo_forward_seconds_sum") > model_seconds
         assert metric(server, "setpo_texts_deduplicated_total") - dedup == 10 * 3 - 3
 
 

@@ -149,7 +149,8 @@ class Batcher:
                 return None
             longest = tokens[order[start]]  # sorted, so every later text pads to this length or less
             chunk = order[start : start + max(1, self.max_batch_tokens // longest)]
-            rows[chunk] = self.backend.encode([ids[i] for i in chunk])
+            with metrics.FORWARD_SECONDS.time():
+                rows[chunk] = self.backend.encode([ids[i] for i in chunk])
             metrics.BATCH_SIZE.observe(len(chunk))
             metrics.BATCH_TOKENS.observe(len(chunk) * longest)
             start += len(chunk)
