@@ -73,7 +73,6 @@ class Backend:
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.model = SentenceTransformer(self.model_path, device=self.device, model_kwargs={"dtype": self.dtype})
         self.model.eval()
-        self.compiled = settings.compile
         if settings.compile:
             import torch._inductor.config
 
@@ -96,7 +95,7 @@ class Backend:
         self._tokenizer = copy.deepcopy(self.model.tokenizer)
         self._tokenizer_lock = threading.Lock()
         log.info("loaded %s on %s (%s%s): dim %d, max %d tokens", self.name, self.device, self.dtype,
-                 ", compiling during the warm-up" if self.compiled else "", self.dimension, self.max_tokens)
+                 ", compiling during the warm-up" if settings.compile else "", self.dimension, self.max_tokens)
 
     def tokenize(self, texts: list[str]) -> tuple[list[np.ndarray], list[bool]]:
         """Each text's input ids, cut to max_tokens on the truncation side with its special tokens kept, and
