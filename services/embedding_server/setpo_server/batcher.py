@@ -24,8 +24,30 @@ from starlette.concurrency import run_in_threadpool
 from setpo_server import metrics
 from setpo_server.backend import Backend
 
-# glibc only: hands the free pages inside its heaps back to the OS (absent on musl or macOS, then a no-op)
-MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+# glibc only (absent on musl or macOS, then both are no-ops): malloc_trim hands the free pages inside the heaps
+# back to the OS; mallopt sets how the heaps keep memory (parameter numbers from glibc's malloc.h).
+LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
+MALLOC_TRIM = getattr(LIBC, "malloc_trim", None)
+MALLOPT = getattr(LIBC, "mallopt", None)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+
+
+def keep_freed_memory() -> None:
+    """Make glibc keep the memory a forward pass frees for the next one. Call at process start, before threads.
+
+    By default every forward pass's activations came from pages the kernel had to fault in and zero afresh:
+    300-500 k page faults and 0.7-0.9 s of kernel time per Countdown request (of ~11 CPU-s). Tensors above a
+    moving mmap threshold were mapped and unmapped each time, the main heap was trimmed whenever 2x that
+    threshold lay free at its top, and the forward thread's own 64 MB heaps were unmapped when they emptied
+    (fixed thresholds alone still left 250-460 k faults). Hence: one heap for all threads (the forward
+    thread allocates on it too), everything below 32 MB (glibc's largest threshold; a 2048-token batch's
+    biggest activation is 12.6 MB) allocated on it, and no automatic trimming: the batcher's own malloc_trim,
+    once a second, bounds resident memory instead (docs/benchmarks.md section 10).
+    """
+    if MALLOPT is not None:
+        MALLOPT(M_ARENA_MAX, 1)
+        MALLOPT(M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+        MALLOPT(M_TRIM_THRESHOLD, 2**31 - 1)
 
 # The most seconds a 429 asks a caller to wait: past a minute the estimate is a guess, and clients should
 # come back and see.
@@ -157,7 +179,9 @@ class Batcher:
         metrics.TEXTS_EMBEDDED.inc(len(ids))
         # Activations of every batch shape are freed into glibc's heaps, which fragment and keep the pages: under
         # a 2-minute overload resident memory crept up 9-11 %, 2 % with trimming (docs/reliability.md). A trim
-        # takes ~6 ms on CPU, so at most one a second: < 1 % of the forward thread's time.
+        # takes ~6 ms on CPU, so at most one a second: < 1 % of the forward thread's time. The pages it returns
+        # are faulted in again by the next forward pass only (~20 k faults a request, 300-500 k without
+        # keep_freed_memory).
         if MALLOC_TRIM is not None and time.monotonic() - self._trimmed_at >= 1.0:
             MALLOC_TRIM(0)
             self._trimmed_at = time.monotonic()

@@ -8,10 +8,12 @@ import uvicorn
 from pydantic import ValidationError
 
 from setpo_server.app import create_app
+from setpo_server.batcher import keep_freed_memory
 from setpo_server.settings import Settings
 
 
 def main() -> None:
+    keep_freed_memory()  # before uvicorn and the model start threads: glibc fixes its heap count at the first one
     try:
         settings = Settings()
     except ValidationError as exc:

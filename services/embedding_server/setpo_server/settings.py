@@ -16,7 +16,8 @@ class Settings(BaseSettings):
     model: str = ""
     device: str = "auto"  # auto = cuda when present, else cpu; or any torch device string ("cuda:1")
     # auto = float16 on CUDA, float32 on CPU. On a CPU with AMX (lscpu: amx_bf16) bfloat16 serves 2.2-3x faster,
-    # with LOO marginals within 5e-4 of float32 (docs/benchmarks.md section 9); without AMX it is slower.
+    # with LOO marginals within 5e-4 of float32 (docs/benchmarks.md section 9), on AMD Zen 4 1.6-1.7x (section 10);
+    # on an Intel CPU with avx512_bf16 but no AMX it was slower (section 7).
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     truncation_side: Literal["right", "left"] = "right"  # which end of an over-long text is cut
     # torch.compile the model, weights frozen into the graph: +0-12 % throughput on the 2-core CPU (docs/benchmarks.md
