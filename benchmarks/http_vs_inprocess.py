@@ -84,7 +84,7 @@ def main() -> None:
                 remote.append(time.perf_counter() - start)
             tokens = result.usage.tokens / len(texts)
             local_tps, remote_tps = len(texts) / statistics.median(local), len(texts) / statistics.median(remote)
-            paired = statistics.median(theirs / ours for theirs, ours in zip(local, remote))  # in-process s / HTTP s
+            paired = statistics.median(inproc / http for inproc, http in zip(local, remote))  # seconds: HTTP's speed-up
             print(f"{name:<12} {len(texts):>6} {tokens:>11.0f} {local_tps:>15.1f} {remote_tps:>9.1f} {remote_tps / local_tps:>6.3f} {paired:>7.3f}")
 
 

@@ -5,8 +5,8 @@ and 0.7-0.9 s of kernel time per Countdown request (docs/benchmarks.md section 1
 the kernel, so this checks the behaviour without timing anything.
 """
 
-import pytest
 import httpx
+import pytest
 
 from setpo_server.batcher import MALLOPT
 from setpo_server.local import LocalServer
