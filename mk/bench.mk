@@ -20,10 +20,17 @@ bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) benchmarks/collapsed_group.py
 	$(PY) benchmarks/concurrency.py
 
+# Before/after for a service change: this checkout's server against BASELINE's, interleaved, paired ratios.
+BASELINE ?= HEAD
+.PHONY: bench-ab
+bench-ab: $(STAMP)
+	$(PY) benchmarks/server_ab.py --baseline $(BASELINE)
+
 # The full forms of the reliability suites (their quick forms run in make test): > 1000 schemathesis cases,
-# 64 callers for 120 s (memory watched from minute 1 on), and the fault suite.
+# 64 callers for 120 s (memory watched from minute 1 on), the hostile clients, and the fault suite.
 .PHONY: soak
 soak: $(STAMP)
 	SETPO_FUZZ_EXAMPLES=500 SETPO_FUZZ_MIN_CASES=1000 $(PY) -m pytest -s tests/reliability/test_fuzz.py
 	$(PY) -m tests.reliability.load --duration 120 --callers 64 --out out/soak/load.json --plot docs/figures/soak_rss.png
+	$(PY) -m tests.reliability.hostile --full --out out/soak/hostile.json
 	$(PY) -m pytest tests/reliability/test_faults.py

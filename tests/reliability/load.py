@@ -18,6 +18,7 @@ import httpx
 
 from setpo_client import AsyncSetpoClient
 from setpo_server.local import LocalServer
+from tests.reliability.hostile import Outcome, Watch
 
 
 @dataclass
@@ -123,9 +124,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path, help="write the server's resident memory over the run to this PNG")
     args = parser.parse_args()
+    health = Outcome("load")  # /health latency from a prober process while the load runs
     with LocalServer(max_queue_texts=args.max_queue_texts) as server:
-        report = asyncio.run(run_load(server, args.duration, args.callers, retrying=8, work=20))
-    summary = report.summary()
+        with Watch(server, health):
+            report = asyncio.run(run_load(server, args.duration, args.callers, retrying=8, work=20))
+    summary = {**report.summary(), **{key: value for key, value in health.summary().items() if key.startswith("health")}}
     print(json.dumps(summary, indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

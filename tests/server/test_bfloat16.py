@@ -5,7 +5,7 @@ import torch
 
 from setpo_client import SetpoClient
 from setpo_core.diversity import cosine_kernel, set_diversity
-from setpo_server.backend import resolve_batch_tokens
+from setpo_server.batcher import resolve_batch_tokens
 from setpo_server.local import LocalServer
 
 GROUPS = [

@@ -1,4 +1,4 @@
-"""A busy server's forward passes reuse the memory the previous ones freed (setpo_server.batcher.keep_freed_memory).
+"""A busy server's forward passes reuse the memory the previous ones freed (setpo_server.runtime.keep_freed_memory).
 
 With glibc's defaults the kernel faulted in and zeroed every batch's activations afresh: 300-500 k page faults
 and 0.7-0.9 s of kernel time per Countdown request (docs/benchmarks.md section 10). Page faults are counted by
@@ -8,7 +8,7 @@ the kernel, so this checks the behaviour without timing anything.
 import httpx
 import pytest
 
-from setpo_server.batcher import MALLOPT
+from setpo_server.runtime import MALLOPT
 from setpo_server.local import LocalServer
 
 # 512 distinct Countdown-style answers of 20-60 tokens: batches of different shapes, as a real request brings

@@ -9,21 +9,27 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from setpo_server import __version__, metrics
-from setpo_server.backend import Backend, resolve_batch_tokens
-from setpo_server.batcher import Batcher
-from setpo_server.errors import BodyLimit, install_error_handlers
-from setpo_server.routes import router
+from setpo_server.backend import Backend
+from setpo_server.batcher import Batcher, resolve_batch_tokens
+from setpo_server.errors import install_error_handlers
+from setpo_server.routes import BIG_BODIES_AT_ONCE, publish_request_bodies, router
 from setpo_server.settings import Settings
 
 log = logging.getLogger("setpo_server")
 
 
+def stop_process(app: FastAPI, reason: str) -> None:
+    """A fatal failure: /ready says why (503) and uvicorn is told to stop (`setpo-server` sets app.state.shutdown;
+    elsewhere SIGTERM); `setpo-server` then exits non-zero, so an orchestrator restarts the service rather than
+    probing a hung one."""
+    app.state.fatal = reason
+    metrics.READY.set(0)
+    app.state.shutdown()
+
+
 async def load_model(app: FastAPI) -> None:
     """Load and warm the model off the event loop, so /health answers (and /ready says 503) meanwhile.
-
-    A model that cannot load is fatal: the reason goes to the log and the process stops itself (SIGTERM),
-    so an orchestrator sees a crash rather than a pod that is alive but never ready.
-    """
+    A model that cannot load is fatal: the reason goes to the log and the process stops."""
     settings: Settings = app.state.settings
     try:
         backend = await asyncio.to_thread(Backend, settings)
@@ -31,15 +37,17 @@ async def load_model(app: FastAPI) -> None:
     except Exception as exc:
         app.state.load_error = f"{type(exc).__name__}: {exc}"
         log.critical("cannot load model %r: %s", settings.model or "(embedded all-MiniLM-L6-v2)", app.state.load_error)
-        os.kill(os.getpid(), signal.SIGTERM)
+        stop_process(app, app.state.load_error)
         return
     max_batch_tokens = resolve_batch_tokens(settings.max_batch_tokens, backend.device, backend.dtype)
-    app.state.batcher = Batcher(backend, max_batch_tokens, settings.max_queue_texts)
+    app.state.batcher = Batcher(backend, max_batch_tokens, settings.max_queue_texts, settings.max_queue_tokens,
+                                on_failure=lambda reason: stop_process(app, reason))
     metrics.READY.set(1)
     log.info("ready")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, threads: int | None = None) -> FastAPI:
+    """`threads`: what runtime.use_threads set (reported by /info); by default torch's own count."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -57,11 +65,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
     )
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
     app.state.settings = settings
+    app.state.threads = threads
     app.state.batcher = None
     app.state.load_error = None
+    app.state.fatal = None  # why the service stopped itself (stop_process)
+    app.state.shutdown = lambda: os.kill(os.getpid(), signal.SIGTERM)
+    app.state.in_progress = 0  # data requests being served (routes.limit_in_progress)
+    app.state.big_bodies = asyncio.Semaphore(BIG_BODIES_AT_ONCE)
     install_error_handlers(app)
     app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(metrics.RequestMetrics)  # outermost: times and counts every answer, 413s included
+    publish_request_bodies(app)
+    app.add_middleware(metrics.RequestMetrics)  # times and counts every answer, 401s and 413s included
     return app

@@ -30,16 +30,10 @@ def resolve_dtype(setting: str, device: str) -> torch.dtype:
 
 
 EMBEDDED_MODEL_NAME = "all-MiniLM-L6-v2"
-
-
-def resolve_batch_tokens(setting: int | str, device: str, dtype: torch.dtype) -> int:
-    """On CPU big batches run slower per text (cache-bound), less so in bfloat16, whose AMX matrix units want
-    bigger tiles of work (4096 vs 2048: +5-15 %, docs/benchmarks.md section 9); on a GPU they fill the device."""
-    if setting == "auto":
-        if device.startswith("cuda"):
-            return 16384
-        return 4096 if dtype == torch.bfloat16 else 2048
-    return int(setting)
+# Texts are cut to this many characters per model token before tokenising, as TEI does, so tokenising costs
+# O(max tokens), not O(text). English runs 4-5 characters a token, math and code ~3: only a text whose first
+# max_tokens tokens average over 10 characters embeds differently (and is counted as truncated).
+CHARS_PER_TOKEN = 10
 
 
 def embedded_model_path() -> str:
@@ -89,6 +83,7 @@ class Backend:
             raise ValueError(f"{self.name} has no fast (tokenizer.json) tokenizer; setpo-server needs one to cut texts once")
         self.model.tokenizer.truncation_side = settings.truncation_side
         self.max_tokens = int(self.model.max_seq_length)
+        self.max_chars = CHARS_PER_TOKEN * self.max_tokens
         self.dimension = int(self.model.get_embedding_dimension())
         # what SentenceTransformer.encode would put before every text (a model's default prompt, usually none)
         self.prompt = self.model.prompts.get(self.model.default_prompt_name, "") if self.model.default_prompt_name else ""
@@ -98,8 +93,12 @@ class Backend:
                  ", compiling during the warm-up" if settings.compile else "", self.dimension, self.max_tokens)
 
     def tokenize(self, texts: list[str]) -> tuple[list[np.ndarray], list[bool]]:
-        """Each text's input ids, cut to max_tokens on the truncation side with its special tokens kept, and
-        whether it was cut. int32 arrays: a full queue of token lists as Python ints would take 9x the memory."""
+        """Each text's input ids, cut to max_chars then max_tokens on the truncation side with its special tokens
+        kept, and whether it was cut. int32 arrays: a full queue of token lists as Python ints would take 9x the
+        memory. The batcher calls this on slices of a request, so no request holds the lock for long."""
+        cut = [len(text) > self.max_chars for text in texts]
+        keep = slice(None, self.max_chars) if self._tokenizer.truncation_side == "right" else slice(-self.max_chars, None)
+        texts = [text[keep] if long else text for text, long in zip(texts, cut)]
         with self._tokenizer_lock:
             encoded = self._tokenizer(
                 [self.prompt + text for text in texts] if self.prompt else texts,
@@ -111,7 +110,7 @@ class Backend:
                 verbose=False,
             )
         first_row: dict[int, int] = {}
-        truncated = [False] * len(texts)
+        truncated = cut
         for row, text in enumerate(encoded["overflow_to_sample_mapping"]):  # each text's kept part comes first
             if text in first_row:
                 truncated[text] = True

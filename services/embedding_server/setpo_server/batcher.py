@@ -1,15 +1,19 @@
-"""Coalesces concurrent requests into token-budget batches for the model (the middle stage of a request).
+"""Admission by work and fair, token-budget batches for the model (the middle stage of a request).
 
-A request's unique texts are tokenised (once, cut to the model's length) in a worker thread, then queued
-as one job. A single asyncio task takes jobs first-in first-out until the next would overflow
-SETPO_MAX_BATCH_TOKENS, merges identical texts across them, and hands their ids to one dedicated forward
-thread, which sorts them by length and runs the model in budget-sized chunks. The event loop never runs
-the model, and one thread owning the model means no forward ever competes with another for the cores.
+A request's distinct texts are tokenised in slices (the backend's lock is never held for a whole request, and
+a caller who leaves stops it between slices), then admitted against the queue's bounds in texts and tokens,
+counted until their last text is embedded. One asyncio task builds each forward batch by taking texts from
+the jobs in turn, the one served longest ago first, longest texts first within a job, until the padded batch
+would overflow SETPO_MAX_BATCH_TOKENS: a small request waits for about one forward pass per job ahead of it
+(plus the two batches in flight), never for a stranger's whole job. A single dedicated forward thread runs the
+model, so the event loop never does and no two forwards compete for the cores.
+
+If that task dies, or the device reports an error (the CUDA context is then unusable), every waiting request
+fails with BatcherFailed and `on_failure` is called: the app turns /ready to 503 and stops the process.
 """
 
 import asyncio
-import ctypes
-import ctypes.util
+import logging
 import math
 import time
 from collections import deque
@@ -23,41 +27,40 @@ from starlette.concurrency import run_in_threadpool
 
 from setpo_server import metrics
 from setpo_server.backend import Backend
+from setpo_server.runtime import MALLOC_TRIM
 
-# glibc only (absent on musl or macOS, then both are no-ops): malloc_trim hands the free pages inside the heaps
-# back to the OS; mallopt sets how the heaps keep memory (parameter numbers from glibc's malloc.h).
-LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
-MALLOC_TRIM = getattr(LIBC, "malloc_trim", None)
-MALLOPT = getattr(LIBC, "mallopt", None)
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-
-
-def keep_freed_memory() -> None:
-    """Make glibc keep the memory a forward pass frees for the next one. Call at process start, before threads.
-
-    By default every forward pass's activations came from pages the kernel had to fault in and zero afresh:
-    300-500 k page faults and 0.7-0.9 s of kernel time per Countdown request (of ~11 CPU-s). Tensors above a
-    moving mmap threshold were mapped and unmapped each time, the main heap was trimmed whenever 2x that
-    threshold lay free at its top, and the forward thread's own 64 MB heaps were unmapped when they emptied
-    (fixed thresholds alone still left 250-460 k faults). Hence: one heap for all threads (the forward
-    thread allocates on it too), everything below 32 MB (glibc's largest threshold; a 2048-token batch's
-    biggest activation is 12.6 MB) allocated on it, and no automatic trimming: the batcher's own malloc_trim,
-    once a second, bounds resident memory instead (docs/benchmarks.md section 10).
-    """
-    if MALLOPT is not None:
-        MALLOPT(M_ARENA_MAX, 1)
-        MALLOPT(M_MMAP_THRESHOLD, 32 * 1024 * 1024)
-        MALLOPT(M_TRIM_THRESHOLD, 2**31 - 1)
+log = logging.getLogger("setpo_server")
 
 # The most seconds a 429 asks a caller to wait: past a minute the estimate is a guess, and clients should
 # come back and see.
 MAX_RETRY_AFTER = 60
+# Texts tokenised per call: big enough to keep the fast tokenizer's batching, small enough that other requests'
+# slices get the tokenizer's lock within milliseconds.
+TOKENIZE_SLICE = 256
+
+
+def resolve_batch_tokens(setting: int | str, device: str, dtype: torch.dtype) -> int:
+    """On CPU big batches run slower per text (cache-bound), less so in bfloat16, whose AMX matrix units want
+    bigger tiles of work (4096 vs 2048: +5-15 %, docs/benchmarks.md section 9); on a GPU they fill the device."""
+    if setting == "auto":
+        if device.startswith("cuda"):
+            return 16384
+        return 4096 if dtype == torch.bfloat16 else 2048
+    return int(setting)
 
 
 class Overloaded(Exception):
-    def __init__(self, queued_texts: int, retry_after: int):
-        super().__init__(f"{queued_texts} texts are already queued")
-        self.queued_texts, self.retry_after = queued_texts, retry_after
+    def __init__(self, queued_texts: int, queued_tokens: int, setting: str, retry_after: int):
+        super().__init__(f"{queued_texts} texts ({queued_tokens} tokens) are already queued")
+        self.queued_texts, self.queued_tokens, self.setting, self.retry_after = queued_texts, queued_tokens, setting, retry_after
+
+
+class TooLarge(Exception):
+    """The request alone needs more than the whole queue holds: it can never be admitted, only split."""
+
+
+class BatcherFailed(Exception):
+    """The batcher or the device failed; the process is stopping so that its orchestrator restarts it."""
 
 
 class Embedded(NamedTuple):
@@ -66,20 +69,36 @@ class Embedded(NamedTuple):
     truncated: list[bool]
 
 
+def is_device_error(exc: BaseException) -> bool:
+    """A CUDA error (illegal access, device-side assert, ECC): the context is unusable, only a restart helps."""
+    accelerator_error = getattr(torch, "AcceleratorError", ())
+    return isinstance(exc, accelerator_error) or "CUDA error" in str(exc)
+
+
 @dataclass
 class _Job:
     texts: list[str]
     ids: list[np.ndarray]  # each text's input ids, already cut to the model's maximum
-    tokens: list[int]
+    order: list[int]  # text indices, longest first: slices of a job pad little
+    rows: torch.Tensor  # (n, dim), filled slice by slice
+    remaining_tokens: int
+    taken: int = 0  # texts of `order` already handed to a batch
+    served: int = 0  # the last batch this job gave texts to; 0 = none yet
+    done: int = 0  # texts embedded
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class Batcher:
-    def __init__(self, backend: Backend, max_batch_tokens: int, max_queue_texts: int):
+    def __init__(self, backend: Backend, max_batch_tokens: int, max_queue_texts: int, max_queue_tokens: int,
+                 on_failure: Callable[[str], None] = lambda reason: None):
         self.backend = backend
         self.max_batch_tokens = max_batch_tokens
         self.max_queue_texts = max_queue_texts
-        self._queue: deque[_Job] = deque()
+        self.max_queue_tokens = max_queue_tokens
+        self.on_failure = on_failure
+        self.failure: str | None = None  # why the batcher stopped; /ready answers 503 once set
+        self._jobs: list[_Job] = []  # admitted and not finished, in arrival order
+        self._batches = 0  # forward batches built so far
         self._queued_texts = 0
         self._queued_tokens = 0
         self._wakeup = asyncio.Event()
@@ -87,111 +106,159 @@ class Batcher:
         self._tokens_per_second = 0.0  # measured on real batches; sizes the Retry-After hint
         self._trimmed_at = 0.0  # monotonic time of the last malloc_trim
         self._worker = asyncio.create_task(self._run(), name="setpo-batcher")
+        self._worker.add_done_callback(self._worker_ended)
 
     async def embed(self, texts: list[str]) -> Embedded:
-        """Embed distinct texts, at most max_queue_texts of them. Raises Overloaded when the queue is full."""
-        self._check_room(len(texts))  # cheap refusal before spending CPU on tokenising
-        ids, truncated = await run_in_threadpool(self.backend.tokenize, texts)
-        self._check_room(len(texts))
+        """Embed distinct texts. Raises TooLarge for a request bigger than the queue, Overloaded when the queue is
+        full, BatcherFailed when the batcher is down.
+        If the caller goes away, awaiting here is cancelled: tokenising stops at the next slice, and a queued
+        job is dropped at the next batch."""
+        if len(texts) > self.max_queue_texts:
+            raise TooLarge(f"request has {len(texts)} distinct texts, more than SETPO_MAX_QUEUE_TEXTS={self.max_queue_texts}; split it")
+        self._check_room(len(texts), 0)  # cheap refusal before spending CPU on tokenising
+        ids, truncated = [], []
+        for start in range(0, len(texts), TOKENIZE_SLICE):
+            slice_ids, slice_truncated = await run_in_threadpool(self.backend.tokenize, texts[start : start + TOKENIZE_SLICE])
+            ids += slice_ids
+            truncated += slice_truncated
         tokens = [len(row) for row in ids]
+        if sum(tokens) > self.max_queue_tokens:
+            raise TooLarge(f"request has {sum(tokens)} tokens, more than SETPO_MAX_QUEUE_TOKENS={self.max_queue_tokens}; split it")
+        self._check_room(len(texts), sum(tokens))
         metrics.TEXTS_TRUNCATED.inc(sum(truncated))
 
-        job = _Job(texts, ids, tokens)
-        self._queue.append(job)
-        self._queued_texts += len(texts)
-        self._queued_tokens += sum(tokens)
-        metrics.QUEUE_TEXTS.set(self._queued_texts)
+        order = sorted(range(len(ids)), key=tokens.__getitem__, reverse=True)
+        job = _Job(texts, ids, order, torch.empty(len(ids), self.backend.dimension), sum(tokens))
+        self._jobs.append(job)
+        self._count(len(texts), sum(tokens))
         self._wakeup.set()
-        # If the caller goes away, awaiting here is cancelled, which cancels the future: the worker then
-        # skips the job instead of computing it.
-        return Embedded(await job.future, tokens, truncated)
+        return Embedded(await job.future, tokens, truncated)  # a cancelled wait cancels the job's future
 
-    def _check_room(self, count: int) -> None:
-        if self._queued_texts + count > self.max_queue_texts:
-            wait = self._queued_tokens / self._tokens_per_second if self._tokens_per_second else 1.0
-            raise Overloaded(self._queued_texts, min(MAX_RETRY_AFTER, max(1, math.ceil(wait))))
+    def retry_after(self) -> int:
+        """Seconds until the queued work is done at the measured speed, 1 to MAX_RETRY_AFTER."""
+        wait = self._queued_tokens / self._tokens_per_second if self._tokens_per_second else 1.0
+        return min(MAX_RETRY_AFTER, max(1, math.ceil(wait)))
 
-    def _take_jobs(self) -> list[_Job]:
-        """Jobs in arrival order until the next would overflow the token budget (always at least one)."""
-        jobs, tokens = [], 0
-        while self._queue:
-            job = self._queue[0]
-            if jobs and tokens + sum(job.tokens) > self.max_batch_tokens:
-                break
-            self._queue.popleft()
-            self._queued_texts -= len(job.texts)
-            self._queued_tokens -= sum(job.tokens)
-            if job.future.done():  # cancelled: its caller is gone
-                continue
-            jobs.append(job)
-            tokens += sum(job.tokens)
+    def _check_room(self, texts: int, tokens: int) -> None:
+        if self.failure is not None:
+            raise BatcherFailed(self.failure)
+        if self._queued_texts + texts > self.max_queue_texts:
+            raise Overloaded(self._queued_texts, self._queued_tokens, "SETPO_MAX_QUEUE_TEXTS", self.retry_after())
+        if self._queued_tokens + tokens > self.max_queue_tokens:
+            raise Overloaded(self._queued_texts, self._queued_tokens, "SETPO_MAX_QUEUE_TOKENS", self.retry_after())
+
+    def _count(self, texts: int, tokens: int) -> None:
+        self._queued_texts += texts
+        self._queued_tokens += tokens
         metrics.QUEUE_TEXTS.set(self._queued_texts)
-        return jobs
+        metrics.QUEUE_TOKENS.set(self._queued_tokens)
+
+    def _next_batch(self) -> list[tuple[_Job, list[int]]]:
+        """Texts from the jobs in turn, the one served longest ago first (arrival order among equals), longest
+        first within a job, while the padded batch fits the budget (always at least one text)."""
+        for job in [job for job in self._jobs if job.future.done() and job.done == job.taken]:  # cancelled or failed
+            self._jobs.remove(job)
+            self._drop(job)
+        self._batches += 1
+        batch, count, longest = [], 0, 0
+        for job in sorted(self._jobs, key=lambda job: job.served):
+            if job.future.done():
+                continue  # cancelled or failed: a slice of it is still in flight
+            taken = []
+            while job.taken < len(job.order):
+                length = len(job.ids[job.order[job.taken]])
+                if count and (count + 1) * max(longest, length) > self.max_batch_tokens:
+                    break
+                taken.append(job.order[job.taken])
+                job.taken += 1
+                count, longest = count + 1, max(longest, length)
+            if taken:
+                batch.append((job, taken))
+                job.served = self._batches
+            if count and (count + 1) * longest > self.max_batch_tokens:
+                break
+        return batch
+
+    def _drop(self, job: _Job) -> None:
+        self._count(-(len(job.texts) - job.done), -job.remaining_tokens)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        # Up to two batches handed to the forward thread at once: it starts the next as soon as one ends, instead of
+        # waiting for this loop to hand out rows and build the next batch (Countdown: ~18 batches a request).
+        in_flight: deque[tuple[list[tuple[_Job, list[int]]], list[str], asyncio.Future]] = deque()
         while True:
-            if not self._queue:
+            while len(in_flight) < 2 and (batch := self._next_batch()):
+                unique: dict[str, np.ndarray] = {}  # text -> input ids: identical texts of different jobs run once
+                for job, taken in batch:
+                    unique.update((job.texts[i], job.ids[i]) for i in taken)
+                metrics.TEXTS_DEDUPLICATED.inc(sum(len(taken) for _, taken in batch) - len(unique))
+                # trim only after a batch that finishes a job: trimming between one job's slices would hand back
+                # the pages its next slice faults in again (2-4x the page faults of a Countdown request)
+                finishes = any(job.taken == len(job.order) for job, _ in batch)
+                forward = loop.run_in_executor(self._forward_thread, self._forward, list(unique.values()), finishes)
+                in_flight.append((batch, list(unique), forward))
+            if not in_flight:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            jobs = self._take_jobs()
-            if not jobs:
-                continue
-            unique: dict[str, np.ndarray] = {}  # text -> input ids, first occurrence order
-            for job in jobs:
-                unique.update(zip(job.texts, job.ids))
-            metrics.TEXTS_DEDUPLICATED.inc(sum(len(job.texts) for job in jobs) - len(unique))
-            texts = list(unique)
-            abandoned = lambda: all(job.future.done() for job in jobs)  # noqa: E731  every caller has gone
+            batch, texts, forward = in_flight.popleft()
             try:
-                rows = await loop.run_in_executor(self._forward_thread, self._forward, list(unique.values()), abandoned)
-            except Exception as exc:  # a model failure fails these requests, not the service
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
-                continue
-            if rows is None:
-                continue
+                rows, error = await forward, None
+            except Exception as exc:
+                if is_device_error(exc):
+                    raise  # the device is gone: _worker_ended fails everyone and stops the process
+                rows, error = None, exc  # a model failure fails these requests, not the service
             position = {text: i for i, text in enumerate(texts)}
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_result(rows[[position[text] for text in job.texts]])
+            for job, taken in batch:
+                tokens = sum(len(job.ids[i]) for i in taken)
+                job.done += len(taken)
+                job.remaining_tokens -= tokens
+                self._count(-len(taken), -tokens)
+                if job.future.done():
+                    continue  # cancelled or failed: _next_batch drops it once nothing of it is in flight
+                if error is not None:
+                    job.future.set_exception(error)
+                    continue
+                job.rows[taken] = rows[[position[job.texts[i]] for i in taken]]
+                if job.done == len(job.texts):
+                    job.future.set_result(job.rows)
+                    self._jobs.remove(job)
 
-    def _forward(self, ids: list[np.ndarray], abandoned: Callable[[], bool]) -> torch.Tensor | None:
-        """Runs on the forward thread: longest first, chunks whose padded size fits the token budget.
-        Stops between chunks (returning None) once every caller of the batch has gone."""
+    def _forward(self, ids: list[np.ndarray], may_trim: bool) -> torch.Tensor:
+        """Runs on the forward thread: one padded batch within the token budget -> (n, dim) unit rows."""
         start_time = time.perf_counter()
-        tokens = [len(row) for row in ids]
-        order = sorted(range(len(ids)), key=tokens.__getitem__, reverse=True)
-        rows = torch.empty(len(ids), self.backend.dimension)  # (n, dim)
-        start = 0
-        while start < len(order):
-            if abandoned():
-                return None
-            longest = tokens[order[start]]  # sorted, so every later text pads to this length or less
-            chunk = order[start : start + max(1, self.max_batch_tokens // longest)]
-            with metrics.FORWARD_SECONDS.time():
-                rows[chunk] = self.backend.encode([ids[i] for i in chunk])
-            metrics.BATCH_SIZE.observe(len(chunk))
-            metrics.BATCH_TOKENS.observe(len(chunk) * longest)
-            start += len(chunk)
+        longest = max(len(row) for row in ids)
+        with metrics.FORWARD_SECONDS.time():
+            rows = self.backend.encode(ids)
+        metrics.BATCH_SIZE.observe(len(ids))
+        metrics.BATCH_TOKENS.observe(len(ids) * longest)
         metrics.TEXTS_EMBEDDED.inc(len(ids))
         # Activations of every batch shape are freed into glibc's heaps, which fragment and keep the pages: under
         # a 2-minute overload resident memory crept up 9-11 %, 2 % with trimming (docs/reliability.md). A trim
-        # takes ~6 ms on CPU, so at most one a second: < 1 % of the forward thread's time. The pages it returns
-        # are faulted in again by the next forward pass only (~20 k faults a request, 300-500 k without
-        # keep_freed_memory).
-        if MALLOC_TRIM is not None and time.monotonic() - self._trimmed_at >= 1.0:
+        # takes ~6 ms on CPU, so at most one a second: < 1 % of the forward thread's time.
+        if may_trim and MALLOC_TRIM is not None and time.monotonic() - self._trimmed_at >= 1.0:
             MALLOC_TRIM(0)
             self._trimmed_at = time.monotonic()
         # A moving average: one tiny, overhead-bound batch must not make the Retry-After estimate absurd
-        measured = sum(tokens) / max(time.perf_counter() - start_time, 1e-6)
+        measured = sum(len(row) for row in ids) / max(time.perf_counter() - start_time, 1e-6)
         self._tokens_per_second = measured if not self._tokens_per_second else 0.8 * self._tokens_per_second + 0.2 * measured
         return rows
 
+    def _worker_ended(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return  # close(): the service is stopping
+        exc = task.exception()
+        self.failure = f"{type(exc).__name__}: {exc}" if exc else "the batcher task returned"
+        log.critical("batcher stopped, the service cannot embed any more: %s", self.failure, exc_info=exc)
+        for job in self._jobs:
+            if not job.future.done():
+                job.future.set_exception(BatcherFailed(self.failure))
+        self._jobs.clear()
+        self.on_failure(self.failure)
+
     async def close(self) -> None:
         self._worker.cancel()
-        for job in self._queue:
+        for job in self._jobs:
             job.future.cancel()
         self._forward_thread.shutdown(wait=True, cancel_futures=True)

@@ -1,4 +1,4 @@
-"""`setpo-server`: run the service with uvicorn. Every setting is a SETPO_* environment variable."""
+"""`setpo-server`: run the service with uvicorn. Every setting is a flag (`--help`) and a SETPO_* variable."""
 
 import logging
 import os
@@ -7,15 +7,17 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
-from setpo_server.app import create_app
-from setpo_server.batcher import keep_freed_memory
 from setpo_server.settings import Settings
 
 
 def main() -> None:
+    from setpo_server.runtime import keep_freed_memory, use_threads
+
     keep_freed_memory()  # before uvicorn and the model start threads: glibc fixes its heap count at the first one
+    if any(arg.split("=")[0] == "--api-key" for arg in sys.argv[1:]):
+        sys.exit("setpo-server: the API key is read from SETPO_API_KEY only: a command line is visible to every user (ps)")
     try:
-        settings = Settings()
+        settings = Settings(_cli_parse_args=sys.argv[1:])  # flags over SETPO_* variables; --help prints them all
     except ValidationError as exc:
         problems = "; ".join(f"SETPO_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         sys.exit(f"setpo-server: bad setting: {problems}")
@@ -24,9 +26,19 @@ def main() -> None:
     unknown = sorted(name for name in os.environ if name.startswith("SETPO_") and name[6:].lower() not in Settings.model_fields)
     if unknown:
         logging.getLogger("setpo_server").warning("not settings of setpo-server, ignored: %s", ", ".join(unknown))
+    threads = use_threads(settings.threads)  # before the model and the tokenizer build their pools
+
+    from setpo_server.app import create_app
+
+    app = create_app(settings, threads)
     # One process: the model lives once in memory, and the batcher sees every request to coalesce them.
-    # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits by that signal.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=30)
+    # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits.
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                           timeout_graceful_shutdown=30))
+    app.state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below
+    server.run()
+    if app.state.fatal:
+        sys.exit(f"setpo-server: stopped after a fatal failure: {app.state.fatal}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from setpo_server.schemas import ErrorDetail, ErrorResponse
 
@@ -16,10 +15,13 @@ log = logging.getLogger("setpo_server")
 class ApiError(Exception):
     """An error meant for the caller: status, a message that says what to do, and the field at fault."""
 
-    def __init__(self, status: int, message: str, type: str, param: str | None = None, retry_after: int | None = None):
+    def __init__(self, status: int, message: str, type: str, param: str | None = None, retry_after: int | None = None,
+                 unread_body: bool = False):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
         self.headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        if unread_body:  # answered before the body was read: close, or the server would read and discard it all
+            self.headers["Connection"] = "close"
         if status == 401:
             self.headers["WWW-Authenticate"] = "Bearer"
 
@@ -43,7 +45,8 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         return error_response(ApiError(400, f"body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", "invalid_request_error"))
     messages = []
     for err in exc.errors()[:5]:
-        msg = err["msg"].removeprefix("Value error, ")
+        # routes validate the raw JSON, whose messages say "array" where FastAPI's Python-mode ones said "list"
+        msg = err["msg"].removeprefix("Value error, ").replace("a valid array", "a valid list")
         messages.append(f"{field_path(err['loc'])}: {msg}")
     more = len(exc.errors()) - len(messages)
     message = "; ".join(messages) + (f" (and {more} more errors)" if more > 0 else "")
@@ -51,38 +54,11 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
 
 
 def body_too_large(limit: int) -> ApiError:
-    return ApiError(413, f"request body is larger than SETPO_MAX_BODY_BYTES={limit} bytes; split the request", "invalid_request_error", "body")
-
-
-class BodyLimit:
-    """413 for a body over the limit: at once when Content-Length declares it, else as soon as the streamed
-    bytes pass it (raised from receive, so FastAPI hands it to the error handlers)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length", b"0")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            return await error_response(body_too_large(self.max_bytes))(scope, receive, send)
-        received = 0
-
-        async def counted_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise HTTPException(413)  # FastAPI lets HTTPException through body parsing; see _http_error
-            return message
-
-        await self.app(scope, counted_receive, send)
+    message = f"request body is larger than SETPO_MAX_BODY_BYTES={limit} bytes; split the request"
+    return ApiError(413, message, "invalid_request_error", "body", unread_body=True)
 
 
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    if exc.status_code == 413:
-        return error_response(body_too_large(request.app.state.settings.max_body_bytes))
     kinds = {404: "not_found", 405: "method_not_allowed"}
     return error_response(ApiError(exc.status_code, str(exc.detail), kinds.get(exc.status_code, "invalid_request_error")))
 

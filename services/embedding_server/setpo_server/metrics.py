@@ -12,7 +12,9 @@ LATENCY = Histogram(
     ["route", "status"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
-QUEUE_TEXTS = Gauge("setpo_queue_texts", "Texts waiting to be embedded")
+QUEUE_TEXTS = Gauge("setpo_queue_texts", "Texts admitted and not yet embedded")
+QUEUE_TOKENS = Gauge("setpo_queue_tokens", "Tokens admitted and not yet embedded")
+REQUESTS_IN_PROGRESS = Gauge("setpo_requests_in_progress", "Data requests (/v1/*) being served")
 BATCH_SIZE = Histogram("setpo_batch_size", "Texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
 BATCH_TOKENS = Histogram(
     "setpo_batch_tokens", "Padded tokens per forward pass", buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)

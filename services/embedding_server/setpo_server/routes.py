@@ -1,85 +1,151 @@
-"""HTTP routes (the first stage of a request): validate, check limits, embed through the batcher, score."""
+"""HTTP routes (the first stage of a request): the key before the body, limits, status codes, response models.
+
+Data routes read their own body: FastAPI would parse and validate it on the event loop (an 8 MB body of
+numbers holds the loop for a second or more); here it is read within SETPO_MAX_BODY_BYTES and
+SETPO_RECEIVE_TIMEOUT, then parsed by pydantic's JSON parser in a worker thread, which lets the loop run
+meanwhile. Probes are `async def`: they answer from the event loop and never wait for the worker threads.
+"""
 
 import asyncio
 import base64
 import secrets
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
-import torch
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
-from setpo_core.diversity import cosine_kernel, kernel_saturation, set_diversity, shaped_advantages, unit_rows
+from setpo_core.diversity import unit_rows
 from setpo_server import __version__, metrics
-from setpo_server.batcher import Batcher, Embedded, Overloaded
-from setpo_server.errors import ApiError
+from setpo_server.batcher import Batcher, BatcherFailed, Overloaded, TooLarge
+from setpo_server.errors import ApiError, body_too_large
 from setpo_server.schemas import (
     DiversityRequest,
     DiversityResponse,
-    DiversityUsage,
     Embedding,
     EmbeddingsRequest,
     EmbeddingsResponse,
     EmbeddingsUsage,
     ErrorResponse,
-    Group,
-    GroupResult,
     Info,
     Limits,
 )
+from setpo_server.scoring import ScoringError, embed_texts, score_request
 from setpo_server.settings import Settings
 
 LOADING_RETRY_AFTER = 5  # seconds; loading and warming a model takes about this long on CPU
 DISCONNECT_POLL_SECONDS = 0.25  # how often a waiting request checks that its caller is still there
+# Bodies above this parse at most BIG_BODIES_AT_ONCE at a time: parsing costs up to ~37 bytes a JSON number
+# (docs/reliability.md), so this bounds the memory concurrent big bodies can claim together.
+BIG_BODY_BYTES = 1024 * 1024
+BIG_BODIES_AT_ONCE = 2
 
 router = APIRouter()
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 413, 422, 429, 503)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 422, 429, 503)}
+Body = TypeVar("Body", bound=BaseModel)
 
 
-def require_key(request: Request) -> None:
+async def require_key(request: Request) -> None:
+    """Runs before the body is read: a wrong key costs the server a header compare, not a parse."""
     key = request.app.state.settings.api_key
     if key is None:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), key.get_secret_value().encode()):
-        raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <SETPO_API_KEY>'", "authentication_error")
+        message = "missing or wrong API key: send the header 'Authorization: Bearer <SETPO_API_KEY>'"
+        raise ApiError(401, message, "authentication_error", unread_body=True)
 
 
-def ready_batcher(request: Request) -> Batcher:
-    if request.app.state.batcher is None:
+async def ready_batcher(request: Request) -> Batcher:
+    batcher = request.app.state.batcher
+    if batcher is None or batcher.failure is not None:
         raise ApiError(503, not_ready_message(request), "unavailable", retry_after=LOADING_RETRY_AFTER)
-    return request.app.state.batcher
+    return batcher
 
 
 def not_ready_message(request: Request) -> str:
     if request.app.state.load_error:
         return f"model failed to load: {request.app.state.load_error}"
+    batcher = request.app.state.batcher
+    if batcher is not None and batcher.failure is not None:
+        return f"the service failed and is restarting: {batcher.failure}"
     return "model is loading and warming up; retry shortly"
 
 
-async def embed_texts(request: Request, batcher: Batcher, texts: list[str], param: str) -> Embedded:
-    """Both data routes embed through here: each distinct text once, results in the order of `texts`.
-    The request-size check, overload mapping and the watch for callers who hang up live here too: a
-    caller that disconnects has its work cancelled, not computed."""
+async def limit_in_progress(request: Request) -> AsyncIterator[None]:
+    """At most SETPO_MAX_CONCURRENT_REQUESTS data requests at once; the next gets 503 before its body is read."""
+    state, limit = request.app.state, request.app.state.settings.max_concurrent_requests
+    if state.in_progress >= limit:
+        retry = state.batcher.retry_after() if state.batcher is not None else LOADING_RETRY_AFTER
+        message = f"server is busy ({state.in_progress} requests in progress, SETPO_MAX_CONCURRENT_REQUESTS={limit}); retry after {retry} s"
+        raise ApiError(503, message, "overloaded", retry_after=retry, unread_body=True)
+    state.in_progress += 1
+    metrics.REQUESTS_IN_PROGRESS.set(state.in_progress)
+    try:
+        yield
+    finally:
+        state.in_progress -= 1
+        metrics.REQUESTS_IN_PROGRESS.set(state.in_progress)
+
+
+DATA_ROUTE = [Depends(require_key), Depends(limit_in_progress)]  # in this order: the key first
+
+
+async def read_body(request: Request, model: type[Body]) -> Body:
+    """The body within SETPO_MAX_BODY_BYTES (413) and SETPO_RECEIVE_TIMEOUT (408), validated in a worker thread."""
     settings: Settings = request.app.state.settings
-    unique = list(dict.fromkeys(texts))
-    metrics.TEXTS_DEDUPLICATED.inc(len(texts) - len(unique))
-    if len(unique) > settings.max_queue_texts:
-        message = f"request has {len(unique)} distinct texts, more than SETPO_MAX_QUEUE_TEXTS={settings.max_queue_texts}; split it"
-        raise ApiError(422, message, "invalid_request_error", param)
-    work = asyncio.ensure_future(batcher.embed(unique))
-    while not (await asyncio.wait({work}, timeout=DISCONNECT_POLL_SECONDS))[0]:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > settings.max_body_bytes:
+        raise body_too_large(settings.max_body_bytes)
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(settings.receive_timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > settings.max_body_bytes:
+                    raise body_too_large(settings.max_body_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        message = f"the body did not arrive within SETPO_RECEIVE_TIMEOUT={settings.receive_timeout} s ({size} bytes received)"
+        raise ApiError(408, message, "timeout", "body", unread_body=True) from None
+    except ClientDisconnect:
+        raise ApiError(499, "client closed the request while sending it", "client_closed") from None
+    body = b"".join(chunks)
+    del chunks
+    try:
+        if size <= BIG_BODY_BYTES:
+            return await run_in_threadpool(model.model_validate_json, body)
+        async with request.app.state.big_bodies:
+            return await run_in_threadpool(model.model_validate_json, body)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+
+
+async def until_done_or_gone(request: Request, work: Awaitable, param: str):
+    """Await `work`, mapping the later stages' refusals to HTTP; a caller that disconnects has it cancelled."""
+    task = asyncio.ensure_future(work)
+    while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS))[0]:
         if await request.is_disconnected():
-            work.cancel()
+            task.cancel()
             raise ApiError(499, "client closed the request; its work was dropped", "client_closed")
     try:
-        embedded = work.result()
+        return task.result()
     except Overloaded as exc:
-        message = f"server is busy ({exc.queued_texts} texts queued, SETPO_MAX_QUEUE_TEXTS={settings.max_queue_texts}); retry after {exc.retry_after} s"
+        limit = getattr(request.app.state.settings, exc.setting.removeprefix("SETPO_").lower())
+        message = (f"server is busy ({exc.queued_texts} texts, {exc.queued_tokens} tokens queued, {exc.setting}={limit}); "
+                   f"retry after {exc.retry_after} s")
         raise ApiError(429, message, "overloaded", retry_after=exc.retry_after) from None
-    row_of = {text: i for i, text in enumerate(unique)}
-    rows = [row_of[text] for text in texts]
-    return Embedded(embedded.embeddings[rows], [embedded.tokens[i] for i in rows], [embedded.truncated[i] for i in rows])
+    except TooLarge as exc:
+        raise ApiError(422, str(exc), "invalid_request_error", param) from None
+    except BatcherFailed as exc:
+        raise ApiError(503, f"the service failed and is restarting: {exc}", "unavailable", retry_after=LOADING_RETRY_AFTER) from None
+    except ScoringError as exc:
+        raise ApiError(422, exc.message, "invalid_request_error", exc.param) from None
 
 
 def check_text_lengths(texts: list[str], settings: Settings, param: str) -> None:
@@ -90,25 +156,25 @@ def check_text_lengths(texts: list[str], settings: Settings, param: str) -> None
 
 
 @router.get("/health")
-def health() -> dict:
+async def health() -> dict:
     """Alive: the process answers. Says nothing about the model (see /ready)."""
     return {"status": "ok"}
 
 
 @router.get("/ready", responses={503: {"model": ErrorResponse}})
-def ready(request: Request) -> dict:
-    """200 once the model is loaded and warmed up, 503 with Retry-After before."""
-    ready_batcher(request)
+async def ready(request: Request) -> dict:
+    """200 once the model is loaded and warmed up, 503 with Retry-After before (and once the service failed)."""
+    await ready_batcher(request)
     return {"status": "ready"}
 
 
 @router.get("/metrics", response_class=Response)
-def prometheus_metrics() -> Response:
+async def prometheus_metrics() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/info", dependencies=[Depends(require_key)], responses=ERRORS)
-def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
+async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
     settings, backend = request.app.state.settings, batcher.backend
     limits = Limits(**{**settings.model_dump(include=set(Limits.model_fields)), "max_batch_tokens": batcher.max_batch_tokens})
     return Info(
@@ -120,6 +186,8 @@ def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
         device=backend.device,
         dtype=str(backend.dtype).removeprefix("torch."),
         compiled=settings.compile,
+        threads=request.app.state.threads,
+        truncate_chars=backend.max_chars,
         truncation_side=settings.truncation_side,
         shape=settings.shape,
         default_weight=settings.weight,
@@ -127,86 +195,62 @@ def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
     )
 
 
-@router.post(
-    "/v1/diversity",
-    dependencies=[Depends(require_key)],
-    response_model=DiversityResponse,
-    response_model_exclude_none=True,
-    responses=ERRORS,
-)
-async def diversity(body: DiversityRequest, request: Request, batcher: Batcher = Depends(ready_batcher)):
+def request_body(model: type[BaseModel]) -> dict:
+    """OpenAPI for a body the route reads itself (publish_request_bodies adds the schema to the components)."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def publish_request_bodies(app: FastAPI) -> None:
+    """/openapi.json with the request models of the routes that read their own body (clients test against it)."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = default_openapi()
+            _, definitions = models_json_schema(
+                [(DiversityRequest, "validation"), (EmbeddingsRequest, "validation")], ref_template="#/components/schemas/{model}"
+            )
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+@router.post("/v1/diversity", dependencies=DATA_ROUTE, response_model=DiversityResponse, responses=ERRORS,
+             openapi_extra=request_body(DiversityRequest))
+async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Response:
     """Leave-one-out marginals, local masses and set scores per group; shaped advantages where rewards are given."""
     settings: Settings = request.app.state.settings
+    body = await read_body(request, DiversityRequest)
     if len(body.groups) > settings.max_groups:
         message = f"request has {len(body.groups)} groups, more than SETPO_MAX_GROUPS={settings.max_groups}; split it"
         raise ApiError(422, message, "invalid_request_error", "groups")
+    rows = 0
     for b, group in enumerate(body.groups):
         if group.size > settings.max_group_size:
             message = f"group has {group.size} members, more than SETPO_MAX_GROUP_SIZE={settings.max_group_size}"
             raise ApiError(422, message, "invalid_request_error", f"groups[{b}]")
         if group.texts is not None:
             check_text_lengths(group.texts, settings, f"groups[{b}].texts")
+        rows += group.size
+    if rows > settings.max_request_rows:
+        message = f"request has {rows} texts and embedding rows, more than SETPO_MAX_REQUEST_ROWS={settings.max_request_rows}; split it"
+        raise ApiError(422, message, "invalid_request_error", "groups")
 
-    texts = [text for group in body.groups if group.texts is not None for text in group.texts]
-    embedded = await embed_texts(request, batcher, texts, "groups") if texts else None
     weight = settings.weight if body.weight is None else body.weight
-    results = await run_in_threadpool(score_groups, body.groups, embedded, weight, settings.shape)
-    usage = DiversityUsage(
-        texts=len(texts),
-        unique_texts=len(set(texts)),
-        tokens=sum(embedded.tokens) if embedded else 0,
-        truncated=sum(embedded.truncated) if embedded else 0,
-    )
-    return DiversityResponse(model=batcher.backend.name, groups=results, usage=usage)
+    results, usage = await until_done_or_gone(request, score_request(body.groups, batcher, weight, settings.shape), "groups")
+    response = DiversityResponse(model=batcher.backend.name, groups=results, usage=usage)
+    # serialised in a worker thread: thousands of groups must not hold the event loop
+    return Response(await run_in_threadpool(response.model_dump_json, exclude_none=True), media_type="application/json")
 
 
-def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, shape: str) -> list[GroupResult]:
-    """Runs in a worker thread. `embedded` holds the text groups' rows, group after group, in request order.
-
-    Groups are scored in buckets of one size and width, each a padding-free (B, G, d) batch through
-    setpo_core: padding every group to the request's largest would let one big group among thousands of
-    small ones ask for gigabytes.
-    """
-    members, next_row = [], 0
-    for group in groups:
-        if group.texts is not None:
-            members.append(embedded.embeddings[next_row : next_row + group.size])
-            next_row += group.size
-        else:  # float64 so extreme norms survive until cosine_kernel scales each row
-            members.append(torch.tensor(group.embeddings, dtype=torch.float64))
-    buckets: dict[tuple, list[int]] = {}
-    for b, rows in enumerate(members):
-        buckets.setdefault((*rows.shape, rows.dtype), []).append(b)
-    results: list[GroupResult | None] = [None] * len(groups)
-    for indices in buckets.values():
-        kernel = cosine_kernel(torch.stack([members[b] for b in indices]))  # (B, G, G)
-        scored = set_diversity(kernel, shape=shape)
-        saturation = kernel_saturation(kernel).tolist()
-        # float64: rewards of any finite size keep a finite advantage (float32 overflows past 3e38)
-        rewards = torch.tensor([groups[b].rewards or [0.0] * groups[b].size for b in indices], dtype=torch.float64)
-        advantages = shaped_advantages(rewards, scored.marginals.double(), weight)  # (B, G)
-        finite = advantages.isfinite().all(dim=-1).tolist()
-        # one conversion per bucket, not per group: thousands of groups share a bucket
-        marginals, masses, scores = scored.marginals.tolist(), scored.local_mass.tolist(), scored.set_score.tolist()
-        advantages = advantages.tolist()
-        for row, b in enumerate(indices):
-            if groups[b].rewards is not None and not finite[row]:
-                message = "shaped advantages overflow float64; rescale the rewards or lower the weight"
-                raise ApiError(422, message, "invalid_request_error", f"groups[{b}].rewards")
-            results[b] = GroupResult(
-                marginals=marginals[row],
-                local_mass=masses[row],
-                set_score=scores[row],
-                saturation=saturation[row],
-                advantages=advantages[row] if groups[b].rewards is not None else None,
-            )
-    return results
-
-
-@router.post("/v1/embeddings", dependencies=[Depends(require_key)], responses=ERRORS)
-async def embeddings(body: EmbeddingsRequest, request: Request, batcher: Batcher = Depends(ready_batcher)) -> EmbeddingsResponse:
+@router.post("/v1/embeddings", dependencies=DATA_ROUTE, response_model=EmbeddingsResponse, responses=ERRORS,
+             openapi_extra=request_body(EmbeddingsRequest))
+async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Response:
     """OpenAI-compatible embeddings: unit-length vectors, as floats or base64 little-endian float32."""
     settings: Settings = request.app.state.settings
+    body = await read_body(request, EmbeddingsRequest)
     backend = batcher.backend
     if body.model is not None and body.model not in (backend.name, backend.model_path):
         raise ApiError(422, f"this server serves model {backend.name!r}, not {body.model!r}", "invalid_request_error", "model")
@@ -214,19 +258,26 @@ async def embeddings(body: EmbeddingsRequest, request: Request, batcher: Batcher
         message = f"dimensions={body.dimensions} is more than the model's {backend.dimension}"
         raise ApiError(422, message, "invalid_request_error", "dimensions")
     texts = [body.input] if isinstance(body.input, str) else body.input
+    if len(texts) > settings.max_embedding_inputs:
+        message = f"input has {len(texts)} texts, more than SETPO_MAX_EMBEDDING_INPUTS={settings.max_embedding_inputs}; split it"
+        raise ApiError(422, message, "invalid_request_error", "input")
     check_text_lengths(texts, settings, "input")
 
-    embedded = await embed_texts(request, batcher, texts, "input")
-    rows = embedded.embeddings  # (n, dim)
-    if body.dimensions is not None:
-        rows = unit_rows(rows[:, : body.dimensions])
-    if body.encoding_format == "base64":
-        vectors = [base64.b64encode(row.numpy().astype("<f4").tobytes()).decode() for row in rows]
-    else:
-        vectors = rows.tolist()
-    tokens = sum(embedded.tokens)
-    return EmbeddingsResponse(
-        data=[Embedding(index=i, embedding=vector) for i, vector in enumerate(vectors)],
-        model=backend.name,
-        usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens, truncated=sum(embedded.truncated)),
-    )
+    embedded = await until_done_or_gone(request, embed_texts(batcher, texts), "input")
+
+    def serialised() -> bytes:  # in a worker thread: thousands of vectors must not hold the event loop
+        rows = embedded.embeddings  # (n, dim)
+        if body.dimensions is not None:
+            rows = unit_rows(rows[:, : body.dimensions])
+        if body.encoding_format == "base64":
+            vectors = [base64.b64encode(row.numpy().astype("<f4").tobytes()).decode() for row in rows]
+        else:
+            vectors = rows.tolist()
+        tokens = sum(embedded.tokens)
+        return EmbeddingsResponse(
+            data=[Embedding(index=i, embedding=vector) for i, vector in enumerate(vectors)],
+            model=backend.name,
+            usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens, truncated=sum(embedded.truncated)),
+        ).model_dump_json(exclude_none=True)
+
+    return Response(await run_in_threadpool(serialised), media_type="application/json")

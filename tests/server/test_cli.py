@@ -1,0 +1,40 @@
+"""`setpo-server` takes every setting as a flag, like every server: --help lists them, flags beat SETPO_*
+variables, an unknown flag is an error, and the API key is never taken from the command line."""
+
+import subprocess
+import sys
+
+import httpx
+
+from setpo_server.local import LocalServer, free_port
+from setpo_server.settings import Settings
+
+SERVER = [sys.executable, "-m", "setpo_server.cli"]
+
+
+def test_help_lists_every_setting_with_its_variable_and_starts_nothing():
+    result = subprocess.run([*SERVER, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for name in Settings.model_fields:
+        if name == "api_key":
+            assert "--api-key" not in result.stdout  # secrets never on a command line
+            continue
+        assert f"--{name.replace('_', '-')}" in result.stdout and f"SETPO_{name.upper()}" in result.stdout, name
+
+
+def test_unknown_flag_and_key_on_the_command_line_are_refused():
+    unknown = subprocess.run([*SERVER, "--prot", "9000"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "unrecognized arguments: --prot" in unknown.stderr
+    key = subprocess.run([*SERVER, "--api-key=abc"], capture_output=True, text=True, timeout=60)
+    assert key.returncode != 0 and "SETPO_API_KEY" in key.stderr
+
+
+def test_flags_override_the_environment():
+    port = free_port()
+    # SETPO_PORT (LocalServer's own) and SETPO_MAX_GROUPS say otherwise; the flags win
+    server = LocalServer(command=[*SERVER, "--port", str(port), "--max-groups", "7", "--threads", "1"], max_groups=9)
+    assert server.env["SETPO_PORT"] != str(port)
+    server.port = port  # where the flag says it listens
+    with server:
+        info = httpx.get(server.url + "/info", timeout=10).json()
+    assert info["limits"]["max_groups"] == 7 and info["threads"] == 1
