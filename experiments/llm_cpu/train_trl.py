@@ -16,7 +16,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import reasoning_gym
+from setpo_trainer.packaged_data import countdown_puzzles
 from datasets import Dataset
 from trl import GRPOConfig
 
@@ -30,8 +30,7 @@ PUZZLES = {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 10, 
 
 
 def puzzles(size: int, seed: int) -> list[dict]:
-    items = reasoning_gym.create_dataset("countdown", size=size, seed=seed, **PUZZLES)
-    return [{"numbers": item["metadata"]["numbers"], "target": item["metadata"]["target"]} for item in items]
+    return countdown_puzzles(size, seed, **PUZZLES)  # smaller than the paper's: a 135M model on CPU
 
 
 def countdown(completions, numbers, target, **kwargs) -> list[float]:
@@ -82,9 +81,10 @@ def main() -> None:
         minutes = (time.perf_counter() - started) / 60
     trainer.save_model(str(out / "model"))
     trainer.processing_class.save_pretrained(str(out / "model"))
-    history = [entry for entry in trainer.state.log_history if "setpo/time_share" in entry]
+    history = [entry for entry in trainer.state.log_history if "reward" in entry]
     (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
-    share = sum(e["setpo/time_share"] for e in history) / len(history)
+    shares = [e["setpo/time_share"] for e in history if "setpo/time_share" in e]  # SetpoShaper's, from step 2 on
+    share = sum(shares) / len(shares) if shares else 0.0
     reward = sum(e["reward"] for e in history[-5:]) / min(5, len(history))
     print(f"{args.method}: {args.steps} steps in {minutes:.1f} min; reward (last 5 steps) {reward:.3f}; "
           f"SetPO time share {share:.2%}; wrote {out / 'model'}")

@@ -42,7 +42,9 @@ def test_setpo_metrics_are_logged_every_step(client):
     assert len(run["probs"]) == 6 and len(run["metrics"]) == 5
     for step in run["metrics"]:
         assert {"setpo/set_score_mean", "setpo/marginal_std", "setpo/saturation", "setpo/duplicate_share"} <= set(step)
-        assert 0 < step["setpo/time_share"] <= 1
+        assert step["setpo/active"] == 1
+    assert "setpo/time_share" not in run["metrics"][0]  # measured by the shaper from one step to the next
+    assert all(0 < step["setpo/time_share"] <= 1 for step in run["metrics"][1:])
 
 
 @pytest.mark.parametrize("flags", [["--group-size", "2"], ["--rewarded", "13"], ["--steps", "0"]])

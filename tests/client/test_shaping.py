@@ -5,7 +5,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from setpo_client import SetpoAPIError, SetpoClient, SetpoError
+from setpo_client import SetpoClient, SetpoError
 from setpo_client.shaping import SetpoShaper, duplicate_share
 from setpo_server.local import LocalServer, free_port
 
@@ -16,7 +16,8 @@ GROUPS = [
 
 
 def test_bonus_is_weight_times_the_services_marginals_and_metrics_are_reported(client):
-    step = SetpoShaper(client, weight=0.2).score(GROUPS)
+    shaper = SetpoShaper(client, weight=0.2)
+    step = shaper.score(GROUPS)
     direct = client.diversity([{"texts": g} for g in GROUPS])
     for bonus, group in zip(step.bonus, direct.groups):
         assert bonus == pytest.approx([0.2 * s for s in group.marginals], abs=1e-7)
@@ -26,6 +27,10 @@ def test_bonus_is_weight_times_the_services_marginals_and_metrics_are_reported(c
     assert step.metrics["setpo/duplicate_share"] == pytest.approx(1 / 7)
     assert step.metrics["setpo/weight"] == 0.2 and step.metrics["setpo/fallback_steps"] == 0
     assert step.metrics["setpo/time_s"] > 0 and 0 <= step.metrics["setpo/saturation"] <= 1
+    assert step.metrics["setpo/active"] == 1 and step.metrics["setpo/requests"] == 1 and step.metrics["setpo/unscored_groups"] == 0
+    # time_share needs a whole step, from the previous step's start: absent on the first, in (0, 1] after
+    assert "setpo/time_share" not in step.metrics
+    assert 0 < shaper.score(GROUPS).metrics["setpo/time_share"] <= 1
 
 
 def test_weight_zero_sends_nothing_and_adds_nothing():
@@ -54,15 +59,76 @@ def test_fail_raises_a_clear_error():
         SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
 
 
-def test_a_bad_request_raises_even_under_skip(client):
-    with pytest.raises(SetpoAPIError, match="at least 3"):
-        SetpoShaper(client, weight=0.1, on_error="skip").score([["only", "two"]])
+def test_a_group_of_fewer_than_three_scorable_members_gets_zero_and_is_counted_the_rest_is_shaped(client):
+    shaper = SetpoShaper(client, weight=0.1, on_error="fail")  # not a failure: the policy for such groups
+    step = shaper.score([["only", "two"], GROUPS[1], ["one", None, "two", None]])  # None: not scorable (padding)
+    assert step.bonus[0] == [0.0, 0.0] and step.bonus[2] == [0.0] * 4 and step.marginals[0] is None and step.marginals[2] is None
+    assert step.bonus[1] == pytest.approx([0.1 * s for s in client.diversity([{"texts": GROUPS[1]}]).groups[0].marginals], abs=1e-7)
+    assert step.metrics["setpo/unscored_groups"] == 2 and step.metrics["setpo/active"] == 1
+
+
+def test_unscorable_members_are_left_out_and_keep_zero(client):
+    step = SetpoShaper(client, weight=1.0).score([[None, *GROUPS[1], None]])
+    assert step.bonus[0][0] == step.bonus[0][-1] == 0.0
+    assert step.bonus[0][1:4] == pytest.approx(client.diversity([{"texts": GROUPS[1]}]).groups[0].marginals, abs=1e-7)
+
+
+KEY = "rotated-key-0123456789"
+CJK = "因为四十八的一半是二十四所以答案是七十二" * 3  # 3 UTF-8 bytes a character
+
+
+@pytest.fixture(scope="module")
+def tight_server():
+    """A real service with small limits and a key: what a shared deployment may be configured with."""
+    with LocalServer(max_groups=2, max_group_size=5, max_text_chars=100, max_body_bytes=2048, api_key=KEY) as running:
+        yield running
+
+
+def test_a_step_is_fitted_within_the_services_limits_and_every_group_scored(tight_server):
+    client = SetpoClient(tight_server.url, api_key=KEY, max_retries=0)
+    groups = [[f"{CJK} {i} {j}" for j in range(4)] for i in range(5)] + [["x" * 500 + str(j) for j in range(3)]]
+    step = SetpoShaper(client, weight=1.0, on_error="fail").score(groups)
+    # 6 groups, 2 a request at most, and CJK texts that must be cut by bytes to fit 2048-byte bodies
+    assert step.metrics["setpo/requests"] >= 3 and step.metrics["setpo/unscored_groups"] == 0 and step.metrics["setpo/cut_texts"] > 0
+    assert all(m is not None and len(m) == len(g) for m, g in zip(step.marginals, groups))
+    assert step.metrics["setpo/active"] == 1
+
+
+def test_a_group_over_the_services_size_gets_zero_and_is_counted(tight_server):
+    client = SetpoClient(tight_server.url, api_key=KEY, max_retries=0)
+    step = SetpoShaper(client, weight=1.0, on_error="fail").score([[f"answer {j}" for j in range(6)], ["a", "b", "c"]])
+    assert step.bonus[0] == [0.0] * 6 and step.marginals[1] is not None and step.metrics["setpo/unscored_groups"] == 1
+
+
+def test_a_rotated_key_trains_on_with_zero_under_skip_logged_with_the_services_message(tight_server, caplog):
+    client = SetpoClient(tight_server.url, api_key="the-old-key", max_retries=0)
+    with caplog.at_level("ERROR", logger="setpo_client"):
+        step = SetpoShaper(client, weight=0.1, on_error="skip").score(GROUPS)
+    assert step.bonus == [[0.0] * 4, [0.0] * 3] and step.metrics["setpo/fallback_steps"] == 1 and step.metrics["setpo/active"] == 0
+    assert any(r.levelname == "ERROR" and "401" in r.getMessage() for r in caplog.records)
+    with pytest.raises(SetpoError, match="on_error='fail'.*401"):
+        SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
+
+
+def test_a_request_the_service_refuses_falls_back_under_skip(client, caplog):
+    # a text the server cannot take although it fits the limits it announced (e.g. limits lowered since /info)
+    shaper = SetpoShaper(client, weight=0.1, on_error="skip")
+    served = shaper.check().limits.max_group_size
+    shaper.info = shaper.info.model_copy(update={"limits": shaper.info.limits.model_copy(update={"max_group_size": 10_000})})
+    with caplog.at_level("ERROR", logger="setpo_client"):
+        step = shaper.score([[f"t{j}" for j in range(served + 1)]] + GROUPS)
+    assert step.metrics["setpo/fallback_steps"] == 1 and all(b == 0 for g in step.bonus for b in g)
+    assert any("SETPO_MAX_GROUP_SIZE" in r.getMessage() for r in caplog.records)
+    assert shaper.info is None  # asked again at the next step
 
 
 class FailingService(BaseHTTPRequestHandler):
     """A service that is up but broken: every request gets `status` with `body` (a model crash, a broken proxy)."""
 
     status, body = 500, b'{"error": {"message": "CUDA out of memory", "type": "server_error"}}'
+
+    def do_GET(self):  # /info too: the shaper asks it for the limits first
+        self.do_POST()
 
     def do_POST(self):
         self.send_response(self.status)
@@ -83,7 +149,7 @@ def test_a_failing_service_falls_back_under_skip_and_raises_under_fail(status, b
         shaper = SetpoShaper(client, weight=0.1, on_error="skip")
         step = shaper.score(GROUPS)
         assert step.marginals is None and step.metrics["setpo/weight"] == 0.0 and shaper.fallback_steps == 1
-        with pytest.raises(SetpoAPIError, match=f"answered {status}"):
+        with pytest.raises(SetpoError, match=f"on_error='fail'.*answered {status}"):
             SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
         broken.shutdown()
 
@@ -91,8 +157,9 @@ def test_a_failing_service_falls_back_under_skip_and_raises_under_fail(status, b
 def test_max_chars_keeps_the_beginning(client):
     long = ["A" * 50 + " tail one", "A" * 50 + " tail two", "something else entirely"]
     step = SetpoShaper(client, weight=1.0, max_chars=50).score([long])
+    assert step.metrics["setpo/cut_texts"] == 2
     assert step.marginals[0][0] == pytest.approx(step.marginals[0][1], abs=1e-7)  # identical after the cap
-    assert step.metrics["setpo/duplicate_share"] == pytest.approx(1 / 3)
+    assert step.metrics["setpo/duplicate_share"] == 0  # exact repeats of the responses themselves, not of what was sent
 
 
 def test_duplicate_share_counts_repeats_within_groups_only():
@@ -113,3 +180,10 @@ def test_embedding_groups_are_scored_and_exact_repeats_counted(client):
     assert step.marginals == [g.marginals for g in direct.groups]
     assert step.bonus[1] == pytest.approx([0.5 * s for s in direct.groups[1].marginals])
     assert step.metrics["setpo/duplicate_share"] == pytest.approx(1 / 7)
+
+
+def test_a_failure_before_any_request_falls_back_under_skip(client, caplog):
+    # an embedding the JSON body cannot carry (NaN from a diverged model): the step trains on, counted
+    with caplog.at_level("ERROR", logger="setpo_client"):
+        step = SetpoShaper(client, weight=0.5).score([[[1.0, 0.0], [float("nan"), 1.0], [0.5, 0.5]]])
+    assert step.bonus == [[0.0] * 3] and step.metrics["setpo/fallback_steps"] == 1 and "SetPO scoring failed" in caplog.text

@@ -216,3 +216,49 @@ def test_a_custom_resource_without_a_schema_fails(rendered):
 def test_a_broken_kustomization_fails_to_render(tmp_path):
     copy = broken_copy(tmp_path, "base/kustomization.yaml", "  - pdb.yaml", "  - pdbs.yaml")
     assert kustomize(copy / "overlays/cpu").returncode != 0
+
+
+# --- the Ray cluster is closed --------------------------------------------------------------------------------
+
+def ray_pod_templates(rayjob: dict) -> dict[str, dict]:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    templates = {"head": cluster["headGroupSpec"]["template"], "submitter": rayjob["spec"]["submitterPodTemplate"]}
+    templates.update({f"worker {g['groupName']}": g["template"] for g in cluster["workerGroupSpecs"]})
+    return templates
+
+
+def test_only_the_ray_clusters_own_pods_the_submitter_and_the_operator_reach_it(rendered):
+    docs = documents(rendered["rayjob"])
+    rayjob, policy = find(docs, "RayJob"), find(docs, "NetworkPolicy", "setpo-ray")
+    templates = ray_pod_templates(rayjob)
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    for name in ("head", *[n for n in templates if n.startswith("worker")]):
+        assert selected.items() <= templates[name]["metadata"]["labels"].items(), f"the {name} pods are not covered"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = policy["spec"]["ingress"]
+    own, submitter, operator = rules
+    # Ray's own pods talk to each other on any port (GCS, object manager, workers' random ports)
+    assert own["from"] == [{"podSelector": {"matchLabels": selected}}] and "ports" not in own
+    # the submitter and the KubeRay operator (which polls the job) reach the dashboard and nothing else
+    for rule in (submitter, operator):
+        assert rule["ports"] == [{"port": 8265, "protocol": "TCP"}]
+    (peer,) = submitter["from"]
+    assert set(peer) == {"podSelector"} and peer["podSelector"]["matchLabels"].items() <= templates["submitter"]["metadata"]["labels"].items()
+    assert not peer["podSelector"]["matchLabels"].items() <= selected.items()
+    (peer,) = operator["from"]
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "kuberay-operator"}
+    # kubectl port-forward to the dashboard enters through the kubelet, which NetworkPolicies do not filter
+
+
+def test_ray_token_authentication_from_a_secret_and_no_service_account_token(rendered):
+    rayjob = find(documents(rendered["rayjob"]), "RayJob")
+    for name, template in ray_pod_templates(rayjob).items():
+        spec = template["spec"]
+        assert spec.get("automountServiceAccountToken") is False, f"{name}: no component of the job talks to the Kubernetes API"
+        env = {e["name"]: e for e in spec["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token", name
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "ray-auth-token", "key": "token"}, name
+    # no secret in the job's runtime env (Ray logs it; `ray list runtime-envs` shows it)
+    runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    assert not {"SETPO_API_KEY", "WANDB_API_KEY", "RAY_AUTH_TOKEN"} & set(runtime_env.get("env_vars", {}))
+    assert "client" not in {p["name"] for p in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}

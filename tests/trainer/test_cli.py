@@ -71,17 +71,25 @@ def test_no_service_is_a_clear_error_before_ray_starts(capsys, tiny_model, monke
 
 
 def test_key_and_limits_are_checked_against_the_service(capsys, tiny_model, monkeypatch):
-    monkeypatch.setenv("SETPO_API_KEY", "")  # restored after the test: the check below sets it
-    with LocalServer(api_key="right-key", max_groups=8) as guarded:
-        error = error_of(capsys, base_flags(tiny_model, guarded.url) + ["--setpo.api_key", "wrong-key"])
+    with LocalServer(api_key="right-key", max_groups=2, max_group_size=3) as guarded:
+        monkeypatch.setenv("SETPO_API_KEY", "wrong-key")
+        error = error_of(capsys, base_flags(tiny_model, guarded.url))
         assert "not usable" in error and "missing or wrong API key" in error
-        args = cli.parse_args(base_flags(tiny_model, guarded.url) + ["--setpo.api_key", "right-key"])
-        # the key leaves the arguments (printed and sent to W&B by OpenRLHF) for the environment of the Ray job
-        assert vars(args)["setpo.api_key"] is None and os.environ["SETPO_API_KEY"] == "right-key"
-        assert ray_hook.add_worker_setup({"env_vars": {"A": "1"}})["env_vars"] == {"SETPO_API_KEY": "right-key", "A": "1"}
-        assert vars(args)["setpo.max_chars"] == 8 * 256  # all-MiniLM-L6-v2 reads 256 tokens
-        error = error_of(capsys, base_flags(tiny_model, guarded.url) + ["--setpo.api_key", "right-key", "--rollout.batch_size", "9"])
-        assert "sends 9 groups of 4" in error and "SETPO_MAX_GROUPS" in error
+        monkeypatch.setenv("SETPO_API_KEY", "right-key")
+        # groups of 4 the service never scores: refused; 4 groups a step for 2 a request: split by SetpoShaper, fine
+        error = error_of(capsys, base_flags(tiny_model, guarded.url))
+        assert "groups of 4 responses" in error and "SETPO_MAX_GROUP_SIZE" in error
+        assert cli.parse_args(base_flags(tiny_model, guarded.url) + ["--rollout.n_samples_per_prompt", "3", "--rollout.batch_size", "4"])
+    # the Ray job's runtime env gets SetPO's setup hook and no secret (Ray logs runtime envs and lists them)
+    assert ray_hook.add_worker_setup({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1"}, "worker_process_setup_hook": ray_hook.SETUP_HOOK}
+
+
+@pytest.mark.parametrize("flags,match", [(["--setpo.api_key", "right-key"], "--setpo.api_key is refused"),
+                                         (["--logger.wandb.key", "wandb-secret"], "--logger.wandb.key <key> is refused")],
+                         ids=["setpo-key", "wandb-key"])
+def test_a_secret_on_the_command_line_is_refused(capsys, tiny_model, server, flags, match):
+    error = error_of(capsys, base_flags(tiny_model, server.url) + flags)
+    assert match in error and "right-key" not in error and "wandb-secret" not in error
 
 
 def test_check_only_runs_openrlhfs_own_checks_and_stops_before_ray(capsys, tiny_model, server, monkeypatch):
@@ -92,10 +100,14 @@ def test_check_only_runs_openrlhfs_own_checks_and_stops_before_ray(capsys, tiny_
         cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only", "--algo.dynamic_filtering_enable"])
 
 
-def test_a_foreign_ray_runtime_env_hook_is_refused(tiny_model, server, monkeypatch):
-    monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", "somebody.elses.hook")
-    with pytest.raises(SystemExit, match="RAY_RUNTIME_ENV_HOOK is already set"):
-        cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only"])
+def test_a_ray_runtime_env_hook_already_set_is_chained(tiny_model, server, monkeypatch):
+    monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", "tests.trainer.rollouts.site_runtime_env_hook")
+    monkeypatch.delenv(ray_hook.CHAINED_HOOK_VARIABLE, raising=False)
+    cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only"])
+    assert os.environ["RAY_RUNTIME_ENV_HOOK"] == ray_hook.RUNTIME_ENV_HOOK
+    # the site's hook runs first, then ours adds the setup hook
+    assert ray_hook.add_worker_setup({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1", "SITE_HOOK": "ran"},
+                                                                    "worker_process_setup_hook": ray_hook.SETUP_HOOK}
     with pytest.raises(RuntimeError, match="already has a worker_process_setup_hook"):
         ray_hook.add_worker_setup({"worker_process_setup_hook": "mine.setup"})
 

@@ -31,12 +31,13 @@ def test_skip_trains_on_with_weight_zero_counts_the_steps_and_resumes(tiny_model
                                                       "--setpo.max_retries", "1")
         base, ours = step(openrlhf, setpo, problems, strategy, tokenizer)
         assert shaped(base, ours) and logged(ours, "setpo/fallback_steps") == 0 and logged(ours, "setpo/weight") == pytest.approx(0.1)
+        assert logged(ours, "setpo/active") == 1  # from the path that shaped the step
 
         service.stop()
         for fallbacks in (1, 2):  # down: OpenRLHF's advantages exactly, the step counted
             base, ours = step(openrlhf, setpo, problems, strategy, tokenizer)
             assert all(torch.equal(a.advantages, b.advantages) for a, b in zip(base, ours))
-            assert logged(ours, "setpo/fallback_steps") == fallbacks and logged(ours, "setpo/weight") == 0
+            assert logged(ours, "setpo/fallback_steps") == fallbacks and logged(ours, "setpo/weight") == 0 and logged(ours, "setpo/active") == 0
             assert "setpo/set_score_mean" not in ours[0].info
 
         service = LocalServer(port=service.port).start()  # back on the same address

@@ -18,7 +18,9 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.utils import get_strategy
 from openrlhf.utils.utils import get_tokenizer
 
+from setpo_server.local import LocalServer
 from setpo_trainer.openrlhf import data
+from setpo_trainer.openrlhf import ray_hook
 from setpo_trainer.openrlhf.ray_hook import RUNTIME_ENV_HOOK
 from setpo_trainer.openrlhf.rewards import path as reward_file
 from tests.trainer.rollouts import (KINDS, N_SAMPLES, SETTINGS, ScriptedEngine, after_model_forward, assert_shaped, makers, recording_client,
@@ -71,6 +73,37 @@ def test_the_trainer_actor_openrlhf_builds_shapes_its_advantages(cluster, tiny_m
     ray.kill(trainer)
 
 
+def test_workers_that_never_import_openrlhfs_trainer_get_nothing_imported(cluster):
+    """vLLM engine actors run the job's setup hook too, before Ray sets their CUDA_VISIBLE_DEVICES: it must not
+    import OpenRLHF's trainer (deepspeed, flash-attn, transformers) into them, only arm the rebind."""
+
+    @ray.remote
+    class EngineLike:  # any actor that, like OpenRLHF's vLLM engines, never imports openrlhf.trainer.ppo_trainer
+        def imported(self):
+            heavy = ("openrlhf.trainer.ppo_trainer", "deepspeed", "setpo_trainer.openrlhf.experience_maker")
+            armed = any(type(finder).__name__ == "_RebindOnImport" for finder in sys.meta_path)
+            return [name for name in heavy if name in sys.modules], armed
+
+        def import_the_trainer(self):
+            from openrlhf.trainer import ppo_trainer
+
+            return f"{ppo_trainer.RemoteExperienceMaker.__module__}.{ppo_trainer.RemoteExperienceMaker.__name__}"
+
+    actor = EngineLike.remote()
+    assert ray.get(actor.imported.remote()) == ([], True)
+    assert ray.get(actor.import_the_trainer.remote()) == MAKER  # the same worker, once it imports the trainer
+    ray.kill(actor)
+
+
+def test_an_openrlhf_that_no_longer_builds_the_maker_by_name_is_refused():
+    import types
+
+    # PPOTrainerAsync.__init__ builds no RemoteExperienceMaker: as BasePPOTrainer would after a refactor
+    moved = types.SimpleNamespace(BasePPOTrainer=PPOTrainerAsync.__ray_actor_class__, RemoteExperienceMaker=object)
+    with pytest.raises(RuntimeError, match="would train without SetPO"):
+        ray_hook.rebind(moved)
+
+
 def test_the_async_training_actor_uses_it_too(cluster, tiny_model, server, prompt_file):
     args = trainer_args(tiny_model, server, prompt_file, *SETTINGS["grpo"], "--train.async_enable")
     trainer = PPOTrainerAsync.remote(tiny_model, get_strategy(args), None, None, None, None, None, **GENERATE)
@@ -105,22 +138,35 @@ def test_dapo_dynamic_filtering_sends_only_the_groups_it_keeps(cluster, tiny_mod
     assert len(wire.sent) == 1 and sorted(sorted(group["texts"]) for group in wire.sent[0]["groups"]) == kept
 
 
-def test_setpo_train_runs_openrlhfs_train_and_its_trainer_actor_reports_setpo(tiny_model, server, prompt_file, tmp_path):
+def test_setpo_train_runs_openrlhfs_train_and_its_trainer_actor_reports_setpo(tiny_model, prompt_file, tmp_path):
     """The whole path: setpo-train -> OpenRLHF's train() -> its ray.init (our hook) -> the PPOTrainer actor it
     builds. On CPU the run must stop at the first GPU step (the policy model actor); by then the trainer actor
-    has built its experience maker and said so in its own log, which Ray prefixes with the actor's name."""
-    command = [str(Path(sys.executable).with_name("setpo-train")), "--actor.model_name_or_path", tiny_model,
-               "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--algo.kl.init_coef", "0",
-               "--data.prompt_dataset", str(prompt_file), "--data.input_key", "input", "--data.label_key", "label",
-               "--reward.remote_url", str(reward_file("math")), "--algo.advantage.estimator", "group_norm",
-               "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "2", "--train.batch_size", "8",
-               "--setpo.url", server.url, "--setpo.weight", "0.1", "--ckpt.output_dir", str(tmp_path / "ckpt")]
-    # a new local cluster that pretends to have a GPU, so OpenRLHF's GPU actors get scheduled and fail there
-    env = {**os.environ, "RAY_ADDRESS": "local", "RAY_OVERRIDE_RESOURCES": '{"GPU": 1, "CPU": 4}'}
-    env.pop("RAY_RUNTIME_ENV_HOOK", None)
-    run = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=420)
+    has built its experience maker and said so in its own log, which Ray prefixes with the actor's name.
+    Both secrets come from the environment: neither is in the output (OpenRLHF prints its arguments), in W&B's
+    files (offline: the run config it would upload) or in the Ray session's logs (runtime envs included)."""
+    setpo_key, wandb_key = "setpo-secret-7d1e0a", "wandb-secret-0f9c33aa"
+    with LocalServer(api_key=setpo_key) as keyed:
+        command = [str(Path(sys.executable).with_name("setpo-train")), "--actor.model_name_or_path", tiny_model,
+                   "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--algo.kl.init_coef", "0",
+                   "--data.prompt_dataset", str(prompt_file), "--data.input_key", "input", "--data.label_key", "label",
+                   "--reward.remote_url", str(reward_file("math")), "--algo.advantage.estimator", "group_norm",
+                   "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "2", "--train.batch_size", "8",
+                   "--setpo.url", keyed.url, "--setpo.weight", "0.1", "--ckpt.output_dir", str(tmp_path / "ckpt"),
+                   "--logger.wandb.key", "env", "--logger.wandb.project", "setpo-test"]
+        # a new local cluster that pretends to have a GPU, so OpenRLHF's GPU actors get scheduled and fail there
+        env = {**os.environ, "RAY_ADDRESS": "local", "RAY_OVERRIDE_RESOURCES": '{"GPU": 1, "CPU": 4}', "SETPO_API_KEY": setpo_key,
+               "WANDB_API_KEY": wandb_key, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+        env.pop("RAY_RUNTIME_ENV_HOOK", None)
+        run = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=420)
     output = run.stdout + run.stderr
     assert run.returncode != 0  # no GPU
     assert "PolicyModelActor.init_model_from_pretrained" in output, output[-3000:]
     trainer_lines = [line for line in output.splitlines() if "(PPOTrainer pid=" in line]
     assert any("SetPO experience maker active (lambda=0.1" in line for line in trainer_lines), output[-3000:]
+    # W&B (offline) got OpenRLHF's arguments as the run's config: its log holds them, with the placeholders only
+    (tracked,) = [path.read_text() for path in tmp_path.glob("wandb/offline-run-*/logs/debug.log")]
+    assert "'setpo': namespace(" in tracked and "key='env'" in tracked and "api_key=None" in tracked
+    written = [path for path in [*tmp_path.rglob("*"), *Path("/tmp/ray/session_latest/logs").rglob("*")] if path.is_file()]
+    for secret in (setpo_key, wandb_key):
+        assert secret not in output
+        assert not [str(path) for path in written if secret in path.read_text(errors="ignore")]

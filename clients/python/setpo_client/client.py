@@ -7,6 +7,7 @@ server may still be working on it; sending it again would only add load).
 """
 
 import asyncio
+import json
 import os
 import random
 import time
@@ -20,6 +21,7 @@ from setpo_client.types import DiversityRequest, DiversityResponse, EmbeddingsRe
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 T = TypeVar("T")
+JSON_HEADERS = {"content-type": "application/json"}
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
@@ -51,6 +53,12 @@ def parsed(model: type[T], response: httpx.Response) -> T:
         return model.model_validate_json(response.content)
     except ValueError as exc:
         raise SetpoAPIError(response.status_code, f"answer does not match the setpo contract: {exc}") from exc
+
+
+def json_body(payload: Mapping) -> bytes:
+    """The exact bytes sent for a JSON body: SetpoShaper measures requests with this same function, so a step
+    it fits under the service's max_body_bytes is never refused for its size (UTF-8, compact, no NaN)."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 def diversity_payload(groups: Sequence[Group | Mapping], weight: float | None) -> dict:
@@ -90,13 +98,14 @@ class SetpoClient(_ClientConfig):
         super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff)
         self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
 
-    def _request(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
+    def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
+        body = json_body(payload) if payload is not None else None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after))
             retry_after = None
             try:
-                response = self._http.request(method, path, json=json)
+                response = self._http.request(method, path, content=body, headers=JSON_HEADERS if body is not None else None)
             except RETRY_ERRORS as exc:
                 failure = exc
                 continue
@@ -153,13 +162,14 @@ class AsyncSetpoClient(_ClientConfig):
         super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
 
-    async def _request(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
+    async def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
+        body = json_body(payload) if payload is not None else None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after))
             retry_after = None
             try:
-                response = await self._http.request(method, path, json=json)
+                response = await self._http.request(method, path, content=body, headers=JSON_HEADERS if body is not None else None)
             except RETRY_ERRORS as exc:
                 failure = exc
                 continue

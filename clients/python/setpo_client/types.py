@@ -12,6 +12,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 
+# Fields a newer server reports and an older one lacks: optional here, so this client works with both (the
+# schema drift test holds them to the server's types).
+NEWER_SERVER_FIELDS = {
+    "Limits": {"max_request_rows", "max_embedding_inputs", "max_queue_tokens", "max_concurrent_requests", "receive_timeout"},
+    "Info": {"threads", "truncate_chars"},
+}
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field fails here, before any network call
 
@@ -95,6 +103,12 @@ class Limits(_Response):
     max_body_bytes: int
     max_batch_tokens: int
     max_queue_texts: int
+    # newer servers only (NEWER_SERVER_FIELDS): None from an older one; the shaper then splits by max_groups and body size alone
+    max_request_rows: int | None = None
+    max_embedding_inputs: int | None = None
+    max_queue_tokens: int | None = None
+    max_concurrent_requests: int | None = None
+    receive_timeout: float | None = None
 
 
 class Info(_Response):
@@ -110,6 +124,8 @@ class Info(_Response):
     shape: str
     default_weight: float
     limits: Limits
+    threads: int | None = None  # newer servers only
+    truncate_chars: int | None = None  # newer servers only: characters of each text the server keeps
 
 
 class ErrorDetail(_Response):

@@ -5,8 +5,8 @@
 #   SETPO_URL   the setpo service, e.g. http://setpo:8000          required
 #   SAVE_PATH   where the trained model and TensorBoard logs go   (default: ./ckpt/<recipe>)
 #   NODES, GPUS_PER_NODE   the Ray cluster's GPU nodes            (default: 1 x 8)
-#   WANDB_API_KEY          log to Weights & Biases too            (optional)
-#   SETPO_API_KEY          the service's key                      (optional)
+#   WANDB_API_KEY          log to Weights & Biases too            (optional; read from the environment only)
+#   SETPO_API_KEY          the service's key                      (optional; read from the environment only)
 # Any argument given to a recipe is passed on to setpo-train after the recipe's own flags, so it wins.
 set -euo pipefail
 
@@ -43,6 +43,8 @@ CLUSTER_FLAGS=(
     --ckpt.output_dir "$SAVE_PATH" --ckpt.path "$SAVE_PATH/checkpoints" --ckpt.save_steps 50 --ckpt.save_hf
     --logger.tensorboard_dir "$SAVE_PATH/tensorboard" --logger.wandb.project setpo --logger.wandb.run_name "$RECIPE"
 )
+# Secrets stay in the environment: a key on a command line is in `ps`, in OpenRLHF's printed arguments and in
+# W&B's run config. `--logger.wandb.key env` turns W&B on; W&B itself reads WANDB_API_KEY.
 if [ -n "${WANDB_API_KEY:-}" ]; then
-    CLUSTER_FLAGS+=(--logger.wandb.key "$WANDB_API_KEY")
+    CLUSTER_FLAGS+=(--logger.wandb.key env)
 fi

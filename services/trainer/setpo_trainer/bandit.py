@@ -61,7 +61,6 @@ def train(args: argparse.Namespace, shaper: SetpoShaper, seed: int) -> dict:
     logits = 0.3 * torch.randn(args.modes, generator=generator)  # (M,) a slightly uneven start
     history, metrics = [torch.softmax(logits, 0)], []
     for _ in range(args.steps):
-        start = time.perf_counter()
         probs = torch.softmax(logits, 0)
         actions = torch.multinomial(probs.expand(args.prompts, -1), args.group_size, replacement=True, generator=generator)  # (P, G)
         responses = modes[actions] + args.noise * torch.randn(args.prompts, args.group_size, args.dim, generator=generator)  # (P, G, d)
@@ -74,7 +73,6 @@ def train(args: argparse.Namespace, shaper: SetpoShaper, seed: int) -> dict:
         gradient = (advantages[..., None] * (onehot - probs)).mean(dim=(0, 1))  # (M,)
         logits = logits + args.lr * gradient
         history.append(torch.softmax(logits, 0))
-        step.metrics["setpo/time_share"] = step.metrics["setpo/time_s"] / (time.perf_counter() - start)
         step.metrics["reward_mean"] = rewards.mean().item()
         metrics.append(step.metrics)
     return {"probs": torch.stack(history).tolist(), "metrics": metrics}
@@ -137,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     means = [sum(alive_rewarded(results[m][str(s)]["probs"][-1], args) for s in args.seeds) / len(args.seeds) for m in ("grpo", "setpo")]
     rows.append(f"| mean | {means[0]:.2f} | {means[1]:.2f} |")
     table = "\n".join(rows)
-    share = [m["setpo/time_share"] for seed in args.seeds for m in results["setpo"][str(seed)]["metrics"]]
+    # the shaper measures the share from its second step on (a step is from one call to the next)
+    share = [m["setpo/time_share"] for seed in args.seeds for m in results["setpo"][str(seed)]["metrics"] if "setpo/time_share" in m]
     summary = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "alive_mean": {"grpo": means[0], "setpo": means[1]},
                "setpo_time_share_mean": sum(share) / len(share), "runs": results}

@@ -71,8 +71,76 @@ def test_loss_sees_trls_advantages_plus_weight_times_service_marginals(tiny_mode
     logged = [entry for entry in trainer.state.log_history if "setpo/set_score_mean" in entry]
     assert len(logged) == 2
     for entry in logged:
-        assert entry["setpo/weight"] == WEIGHT and entry["setpo/fallback_steps"] == 0
-        assert 0 < entry["setpo/time_share"] < 1 and {"setpo/saturation", "setpo/duplicate_share", "setpo/marginal_std"} <= set(entry)
+        assert entry["setpo/weight"] == WEIGHT and entry["setpo/fallback_steps"] == 0 and entry["setpo/active"] == 1
+        assert {"setpo/saturation", "setpo/duplicate_share", "setpo/marginal_std", "setpo/time_s"} <= set(entry)
+    # SetpoShaper's timing: a share of the whole step, from one generation round to the next
+    assert "setpo/time_share" not in logged[0] and 0 < logged[1]["setpo/time_share"] < 1
+
+
+ANSWERS = ["2 + 3 = 5", "five", "it is 5", "5, since 2 + 3 = 5", "7 is prime", "2", "seven", "13 is a prime"]
+
+
+def scripted_rollout(prompts, trainer):
+    """TRL's rollout_func seam, as a multi-turn environment uses it: each completion is the policy's answer
+    followed by the environment's feedback, which env_mask marks as not the policy's (TRL's tool_mask)."""
+    tokenizer = trainer.processing_class
+    out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+    for i, prompt in enumerate(prompts):
+        answer = tokenizer(ANSWERS[i % len(ANSWERS)] + f" (try {i})", add_special_tokens=False)["input_ids"]
+        feedback = tokenizer(f" [environment: checked {i} cases, all rows ok]", add_special_tokens=False)["input_ids"]
+        out["prompt_ids"].append(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        out["completion_ids"].append(answer + feedback)
+        out["logprobs"].append([0.0] * (len(answer) + len(feedback)))
+        out["env_mask"].append([1] * len(answer) + [0] * len(feedback))
+    return out
+
+
+def test_only_the_policys_tokens_are_embedded_and_the_completions_table_shows_shaped_advantages(tiny_model, client, spy, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=64, max_steps=1,
+                      learning_rate=1e-4, beta=0.0, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0)
+    trainer = SetpoGRPOTrainer(model=tiny_model, reward_funcs=varied_reward, args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+                               rollout_func=scripted_rollout, setpo_client=client, setpo_weight=WEIGHT)
+    trainer.train()
+    (base, full_texts), trained_on = spy["trl"][0], spy["loss"][0]
+    assert all("[environment:" in text for text in full_texts)
+    answers = [text.split(" [environment:")[0] for text in full_texts]  # what the loss trains on (tool_mask == 1)
+    groups = [answers[i : i + 4] for i in range(0, len(answers), 4)]
+    marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in groups]).groups for s in g.marginals])
+    expected = base + WEIGHT * marginals
+    assert all(trained_on[text] == pytest.approx(expected[i].item(), abs=1e-5) for i, text in enumerate(full_texts))
+    assert list(trainer._logs["advantages"]) == pytest.approx(expected.tolist(), abs=1e-5)  # TRL's completions table
+
+
+def test_a_trl_without_the_method_setpo_overrides_is_refused(tiny_model, client, tmp_path, monkeypatch):
+    monkeypatch.delattr(GRPOTrainer, "_generate_and_score_completions")  # as a TRL that renamed its private seam
+    with pytest.raises(RuntimeError, match="would train without SetPO"):
+        make_trainer(tiny_model, client, tmp_path)
+
+
+def test_a_trl_outside_the_tested_range_is_said_at_start(tiny_model, client, tmp_path, monkeypatch, caplog):
+    import trl
+
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with caplog.at_level("WARNING", logger="setpo_client.trl"):
+        make_trainer(tiny_model, client, tmp_path)
+    assert "tested with TRL 1.16.x; this is 1.17.0" in caplog.text
+
+
+def test_the_key_is_in_no_log_printed_argument_or_tracker_config(tiny_model, tmp_path, monkeypatch, caplog, capsys):
+    import json
+
+    from setpo_server.local import LocalServer
+
+    key = "trl-secret-key-91c0"
+    with LocalServer(api_key=key) as keyed:
+        monkeypatch.setenv("SETPO_API_KEY", key)  # the only way in: SetpoClient reads it
+        with caplog.at_level("DEBUG"):
+            trainer = make_trainer(tiny_model, SetpoClient(keyed.url, max_retries=0), tmp_path, max_steps=1)
+            trainer.train()
+    assert trainer.state.log_history[0]["setpo/active"] == 1  # the key worked
+    seen = capsys.readouterr()
+    # what TRL prints, logs, and gives its trackers (the callbacks send args.to_dict() / to_json_string())
+    assert key not in seen.out + seen.err + caplog.text + trainer.args.to_json_string() + json.dumps(trainer.state.log_history)
 
 
 def test_service_down_with_skip_trains_on_trls_advantages_and_counts(tiny_model, spy, tmp_path):

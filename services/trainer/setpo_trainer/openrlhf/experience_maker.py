@@ -33,7 +33,6 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         client = SetpoClient(setpo.url or DEFAULT_URL, timeout=setpo.timeout, max_retries=setpo.max_retries)  # key: $SETPO_API_KEY
         self.setpo = SetpoShaper(client, setpo.weight, setpo.on_error, setpo.max_chars)
         self.setpo_embed = setpo.embed
-        self.setpo_previous_start: float | None = None  # the previous step's advantage step: one step ago
         logger.info(f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, on_error={setpo.on_error})")
 
     @torch.no_grad()
@@ -54,7 +53,7 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
                 else:  # prompt_response: the whole trajectory as the policy saw it, without padding
                     tokens = experience.sequences[row][experience.attention_mask[row].bool()]
                 texts[index] = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        step = self.setpo.score([texts[i : i + n] for i in range(0, len(texts), n)])
+        step = self.setpo.score([texts[i : i + n] for i in range(0, len(texts), n)], started=start)
 
         bonus = torch.tensor([b for group in step.bonus for b in group])  # (rollout rows,) lambda * s_i
         for experience in experiences:
@@ -62,13 +61,9 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
             # (B, A): response tokens get the bonus; prompt and padding positions get 0
             experience.advantages = experience.advantages + row_bonus[:, None] * experience.action_mask
 
-        now = time.perf_counter()
-        metrics = {**step.metrics, "setpo/time_s": now - start}  # decoding, the request and the addition
-        if self.setpo_previous_start is not None:  # one step = from the previous advantage step to this one
-            metrics["setpo/time_share"] = metrics["setpo/time_s"] / (now - self.setpo_previous_start)
-        self.setpo_previous_start = start
+        # SetpoShaper's metrics, its timing included (time_s: decoding and the requests; time_share from step 2 on)
         for experience in experiences:
             rows = len(experience.index)
-            for name, value in metrics.items():
+            for name, value in step.metrics.items():
                 experience.info[name] = torch.full((rows,), float(value))  # (B,): the batch mean is the value
         return experiences
