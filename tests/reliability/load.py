@@ -18,7 +18,7 @@ import httpx
 
 from setpo_client import AsyncSetpoClient
 from setpo_server.local import LocalServer
-from tests.reliability.hostile import Outcome, Watch
+from tests.reliability.hostile import Outcome, Watch, resident_mb
 
 
 @dataclass
@@ -81,9 +81,7 @@ async def retrying_caller(url: str, work: int, report: LoadReport, seed: int) ->
 
 async def sample_rss(pid: int, deadline: float, report: LoadReport, start: float) -> None:
     while time.monotonic() < deadline:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                report.rss_mb.append((time.monotonic() - start, int(line.split()[1]) / 1024))
+        report.rss_mb.append((time.monotonic() - start, resident_mb(pid)))
         await asyncio.sleep(1.0)
 
 

@@ -122,15 +122,16 @@ class Batcher:
             ids += slice_ids
             truncated += slice_truncated
         tokens = [len(row) for row in ids]
-        if sum(tokens) > self.max_queue_tokens:
-            raise TooLarge(f"request has {sum(tokens)} tokens, more than SETPO_MAX_QUEUE_TOKENS={self.max_queue_tokens}; split it")
-        self._check_room(len(texts), sum(tokens))
+        total = sum(tokens)
+        if total > self.max_queue_tokens:
+            raise TooLarge(f"request has {total} tokens, more than SETPO_MAX_QUEUE_TOKENS={self.max_queue_tokens}; split it")
+        self._check_room(len(texts), total)
         metrics.TEXTS_TRUNCATED.inc(sum(truncated))
 
         order = sorted(range(len(ids)), key=tokens.__getitem__, reverse=True)
-        job = _Job(texts, ids, order, torch.empty(len(ids), self.backend.dimension), sum(tokens))
+        job = _Job(texts, ids, order, torch.empty(len(ids), self.backend.dimension), total)
         self._jobs.append(job)
-        self._count(len(texts), sum(tokens))
+        self._count(len(texts), total)
         self._wakeup.set()
         return Embedded(await job.future, tokens, truncated)  # a cancelled wait cancels the job's future
 
