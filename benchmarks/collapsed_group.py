@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_vs_inprocess import gsm8k_rows  # noqa: E402
+from http_vs_inprocess import gsm8k_rows
 
-from setpo_client import SetpoClient  # noqa: E402
-from setpo_server.local import LocalServer  # noqa: E402
+from setpo_client import SetpoClient
+from setpo_server.local import LocalServer
 
 
 def main() -> None:
@@ -38,8 +38,10 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
         assert result.usage.unique_texts == 64
     ratio = statistics.median(times["collapsed"]) / statistics.median(times["distinct"])
-    print(f"64 groups x G={size}: distinct {statistics.median(times['distinct']) * 1e3:.0f} ms, "
-          f"collapsed {statistics.median(times['collapsed']) * 1e3:.0f} ms, ratio {ratio:.3f} (goal <= {1 / size + 0.05:.3f})")
+    print(
+        f"64 groups x G={size}: distinct {statistics.median(times['distinct']) * 1e3:.0f} ms, "
+        f"collapsed {statistics.median(times['collapsed']) * 1e3:.0f} ms, ratio {ratio:.3f} (goal <= {1 / size + 0.05:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_vs_inprocess import gsm8k_rows  # noqa: E402
+from http_vs_inprocess import gsm8k_rows
 
-from setpo_client import SetpoClient  # noqa: E402
-from setpo_server.local import LocalServer  # noqa: E402
+from setpo_client import SetpoClient
+from setpo_server.local import LocalServer
 
 
 def main() -> None:
@@ -26,7 +26,9 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=16)
     args = parser.parse_args()
     solutions = [row["answer"] for row in gsm8k_rows()]
-    requests = [[{"texts": solutions[(r * 4 + g) * 6 : (r * 4 + g + 1) * 6]} for g in range(4)] for r in range(args.callers)]
+    requests = [
+        [{"texts": solutions[(r * 4 + g) * 6 : (r * 4 + g + 1) * 6]} for g in range(4)] for r in range(args.callers)
+    ]
     texts = sum(len(g["texts"]) for groups in requests for g in groups)
     with LocalServer() as server:
         clients = [SetpoClient(server.url, timeout=600) for _ in range(args.callers)]
@@ -42,7 +44,9 @@ def main() -> None:
                 list(pool.map(lambda pair: pair[0].diversity(pair[1]), zip(clients, requests)))
                 concurrent.append(time.perf_counter() - start)
     one, many = texts / statistics.median(sequential), texts / statistics.median(concurrent)
-    print(f"{texts} texts: 1 caller {one:.1f} t/s, {args.callers} callers {many:.1f} t/s, ratio {many / one:.3f} (goal >= 0.9)")
+    print(
+        f"{texts} texts: 1 caller {one:.1f} t/s, {args.callers} callers {many:.1f} t/s, ratio {many / one:.3f} (goal >= 0.9)"
+    )
 
 
 if __name__ == "__main__":

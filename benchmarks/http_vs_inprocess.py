@@ -42,7 +42,9 @@ def workloads() -> dict[str, list[list[str]]]:
         for _ in range(7):
             a, b, c, d = rng.sample(numbers, 4)
             ops = rng.choices("+-*/", k=3)
-            group.append(f"<think>Try {a} {ops[0]} {b} first, then {ops[1]} {c}.</think> <answer>(({a} {ops[0]} {b}) {ops[1]} {c}) {ops[2]} {d}</answer> #{p}.{len(group)}")
+            group.append(
+                f"<think>Try {a} {ops[0]} {b} first, then {ops[1]} {c}.</think> <answer>(({a} {ops[0]} {b}) {ops[1]} {c}) {ops[2]} {d}</answer> #{p}.{len(group)}"
+            )
         countdown.append(group)
     return {
         "gsm8k-384": [long_texts[i : i + 6] for i in range(0, 384, 6)],
@@ -61,7 +63,9 @@ def main() -> None:
 
     model = SentenceTransformer(embedded_model_path(), device="cpu")
     chosen = {name: groups for name, groups in workloads().items() if not args.workloads or name in args.workloads}
-    print(f"{'workload':<12} {'texts':>6} {'tokens/text':>11} {'in-process t/s':>15} {'HTTP t/s':>9} {'ratio':>6} {'paired':>7}")
+    print(
+        f"{'workload':<12} {'texts':>6} {'tokens/text':>11} {'in-process t/s':>15} {'HTTP t/s':>9} {'ratio':>6} {'paired':>7}"
+    )
     with LocalServer() as server, SetpoClient(server.url, timeout=600) as client:
         for name, groups in chosen.items():
             texts = [t for g in groups for t in g]
@@ -79,7 +83,9 @@ def main() -> None:
             tokens = result.usage.tokens / len(texts)
             local_tps, remote_tps = len(texts) / statistics.median(local), len(texts) / statistics.median(remote)
             paired = statistics.median(inproc / http for inproc, http in zip(local, remote))  # seconds: HTTP's speed-up
-            print(f"{name:<12} {len(texts):>6} {tokens:>11.0f} {local_tps:>15.1f} {remote_tps:>9.1f} {remote_tps / local_tps:>6.3f} {paired:>7.3f}")
+            print(
+                f"{name:<12} {len(texts):>6} {tokens:>11.0f} {local_tps:>15.1f} {remote_tps:>9.1f} {remote_tps / local_tps:>6.3f} {paired:>7.3f}"
+            )
 
 
 if __name__ == "__main__":

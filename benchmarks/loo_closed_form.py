@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from setpo_core.diversity import SHAPES, cosine_kernel, set_diversity  # noqa: E402
-from tests.core import reference  # noqa: E402
+from setpo_core.diversity import SHAPES, cosine_kernel, set_diversity
+from tests.core import reference
 
 
 def literal_marginals(kernel: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,9 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32")
     speedups: dict[tuple[str, int], list[tuple[int, float]]] = {}  # (baseline, B) -> [(G, speed-up)]
-    print(f"{'B':>5} {'G':>4} {'closed ms':>10} {'literal ms':>11} {'speed-up':>9} {'python ms':>10} {'vs python':>10} {'max |err|':>10}")
+    print(
+        f"{'B':>5} {'G':>4} {'closed ms':>10} {'literal ms':>11} {'speed-up':>9} {'python ms':>10} {'vs python':>10} {'max |err|':>10}"
+    )
     for batch in batches:
         for size in sizes:
             # responses to one prompt share a component, so similarities are large and varied
@@ -76,7 +78,9 @@ def main() -> None:
                 python, ratio = f"{python_s * 1e3:.2f}", f"{python_s / closed:.0f}x"
                 speedups.setdefault(("python", batch), []).append((size, python_s / closed))
             speedups.setdefault(("literal", batch), []).append((size, literal / closed))
-            print(f"{batch:>5} {size:>4} {closed * 1e3:>10.3f} {literal * 1e3:>11.3f} {literal / closed:>8.1f}x {python:>10} {ratio:>10} {error:>10.2e}")
+            print(
+                f"{batch:>5} {size:>4} {closed * 1e3:>10.3f} {literal * 1e3:>11.3f} {literal / closed:>8.1f}x {python:>10} {ratio:>10} {error:>10.2e}"
+            )
     if args.plot:
         plot(speedups, args.plot)
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_vs_inprocess import workloads  # noqa: E402
+from http_vs_inprocess import workloads
 
-from setpo_server.backend import embedded_model_path  # noqa: E402
-from setpo_server.local import LocalServer, free_port  # noqa: E402
+from setpo_server.backend import embedded_model_path
+from setpo_server.local import LocalServer, free_port
 
 INFINITY = Path(__file__).resolve().parents[1] / ".venv-infinity" / "bin" / "infinity_emb"
 
@@ -44,13 +44,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-requests", type=int, default=40)
     parser.add_argument("--compile", action="store_true", help="both servers torch.compile their model")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both servers' model precision")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="both servers' model precision"
+    )
     args = parser.parse_args()
     model = embedded_model_path()
     port = free_port()
     env = {**os.environ, "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    command = [str(INFINITY), "v2", "--model-id", model, "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--dtype", args.dtype]
-    infinity = subprocess.Popen(command + ["--compile"] * args.compile, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [
+        str(INFINITY),
+        "v2",
+        "--model-id",
+        model,
+        "--engine",
+        "torch",
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        args.dtype,
+    ]
+    infinity = subprocess.Popen(
+        command + ["--compile"] * args.compile, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     peer = f"http://127.0.0.1:{port}"
     try:
         with LocalServer(compile=args.compile, dtype=args.dtype) as setpo, httpx.Client(timeout=600) as http:
@@ -64,11 +83,15 @@ def main() -> None:
                 assert time.monotonic() < deadline, "infinity did not start"
                 time.sleep(0.5)
             print(f"both servers compiled: {args.compile}, dtype: {args.dtype}")
-            print(f"{'workload':<12} {'texts':>6} {'setpo diversity t/s':>20} {'setpo embeddings t/s':>21} {'infinity t/s':>13} {'ratio':>6} {'paired':>7}")
+            print(
+                f"{'workload':<12} {'texts':>6} {'setpo diversity t/s':>20} {'setpo embeddings t/s':>21} {'infinity t/s':>13} {'ratio':>6} {'paired':>7}"
+            )
             for name, groups in workloads().items():
                 texts = [t for g in groups for t in g]
                 calls = {
-                    "diversity": lambda: http.post(setpo.url + "/v1/diversity", json={"groups": [{"texts": g} for g in groups]}),
+                    "diversity": lambda: http.post(
+                        setpo.url + "/v1/diversity", json={"groups": [{"texts": g} for g in groups]}
+                    ),
                     "embeddings": lambda: http.post(setpo.url + "/v1/embeddings", json={"input": texts}),
                     "infinity": lambda: http.post(peer + "/embeddings", json={"model": model, "input": texts}),
                 }
@@ -80,12 +103,16 @@ def main() -> None:
                         seconds[key].append(timed(call))
                 tps = {key: len(texts) / statistics.median(values) for key, values in seconds.items()}
                 paired = statistics.median(peer / ours for ours, peer in zip(seconds["diversity"], seconds["infinity"]))
-                print(f"{name:<12} {len(texts):>6} {tps['diversity']:>20.1f} {tps['embeddings']:>21.1f} {tps['infinity']:>13.1f} "
-                      f"{tps['diversity'] / tps['infinity']:>6.2f} {paired:>7.2f}")
+                print(
+                    f"{name:<12} {len(texts):>6} {tps['diversity']:>20.1f} {tps['embeddings']:>21.1f} {tps['infinity']:>13.1f} "
+                    f"{tps['diversity'] / tps['infinity']:>6.2f} {paired:>7.2f}"
+                )
 
             group = workloads()["gsm8k-64x6"][0]
             small = {
-                "setpo /v1/diversity": lambda: http.post(setpo.url + "/v1/diversity", json={"groups": [{"texts": group}]}),
+                "setpo /v1/diversity": lambda: http.post(
+                    setpo.url + "/v1/diversity", json={"groups": [{"texts": group}]}
+                ),
                 "setpo /v1/embeddings": lambda: http.post(setpo.url + "/v1/embeddings", json={"input": group}),
                 "infinity /embeddings": lambda: http.post(peer + "/embeddings", json={"model": model, "input": group}),
             }
@@ -95,7 +122,9 @@ def main() -> None:
                     latency[key].append(timed(call))
             print("\none group of 6 GSM8K solutions per request, sequential:")
             for key, values in latency.items():
-                print(f"  {key:<22} p50 {statistics.median(values) * 1e3:7.1f} ms   p90 {statistics.quantiles(values, n=10)[-1] * 1e3:7.1f} ms")
+                print(
+                    f"  {key:<22} p50 {statistics.median(values) * 1e3:7.1f} ms   p90 {statistics.quantiles(values, n=10)[-1] * 1e3:7.1f} ms"
+                )
     finally:
         infinity.terminate()
         infinity.wait(30)

@@ -48,13 +48,26 @@ def main() -> None:
     chosen["concurrent-16"] = (chosen["countdown"][0], 16)
     chosen = {name: work for name, work in chosen.items() if not args.workloads or name in args.workloads}
     worktree = Path(tempfile.mkdtemp(prefix="setpo-baseline-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.baseline], check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.baseline],
+        check=True,
+        capture_output=True,
+    )
     old_path = f"{worktree / 'services/embedding_server'}:{worktree / 'core'}"
     old = LocalServer(command=["env", f"PYTHONPATH={old_path}", sys.executable, "-m", "setpo_server.cli"])
     try:
-        with LocalServer() as new, old, SetpoClient(new.url, timeout=600) as new_client, SetpoClient(old.url, timeout=600) as old_client:
-            print(f"baseline {args.baseline} = {subprocess.run(['git', '-C', str(worktree), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
-            print(f"{'workload':<14} {'texts':>6} {'callers':>7} {'old t/s':>8} {'new t/s':>8} {'ratio':>6} {'paired':>7}")
+        with (
+            LocalServer() as new,
+            old,
+            SetpoClient(new.url, timeout=600) as new_client,
+            SetpoClient(old.url, timeout=600) as old_client,
+        ):
+            print(
+                f"baseline {args.baseline} = {subprocess.run(['git', '-C', str(worktree), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}"
+            )
+            print(
+                f"{'workload':<14} {'texts':>6} {'callers':>7} {'old t/s':>8} {'new t/s':>8} {'ratio':>6} {'paired':>7}"
+            )
             for name, (groups, callers) in chosen.items():
                 texts = sum(len(g) for g in groups)
                 timed_run(new_client, groups, callers), timed_run(old_client, groups, callers)  # warm both
@@ -64,9 +77,13 @@ def main() -> None:
                     old_seconds.append(timed_run(old_client, groups, callers))
                 new_tps, old_tps = texts / statistics.median(new_seconds), texts / statistics.median(old_seconds)
                 paired = statistics.median(o / n for n, o in zip(new_seconds, old_seconds))  # seconds: new's speed-up
-                print(f"{name:<14} {texts:>6} {callers:>7} {old_tps:>8.1f} {new_tps:>8.1f} {new_tps / old_tps:>6.3f} {paired:>7.3f}")
+                print(
+                    f"{name:<14} {texts:>6} {callers:>7} {old_tps:>8.1f} {new_tps:>8.1f} {new_tps / old_tps:>6.3f} {paired:>7.3f}"
+                )
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False, capture_output=True
+        )
 
 
 if __name__ == "__main__":

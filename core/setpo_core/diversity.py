@@ -16,7 +16,8 @@ I/O code), so the server, the trainers and the tests all use the same functions.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor

@@ -16,7 +16,6 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from setpo_trainer.packaged_data import countdown_puzzles
 from datasets import Dataset
 from trl import GRPOConfig
 
@@ -24,6 +23,7 @@ from setpo_client import SetpoClient
 from setpo_client.integrations.trl import SetpoGRPOTrainer
 from setpo_trainer.eval.datasets import COUNTDOWN_TEMPLATE
 from setpo_trainer.models import smollm2_path
+from setpo_trainer.packaged_data import countdown_puzzles
 from setpo_trainer.rewards import countdown_reward
 
 PUZZLES = {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 10, "min_target": 10, "max_target": 50}
@@ -59,11 +59,23 @@ def main() -> None:
     with (args.out / "eval_problems.jsonl").open("w") as file:
         for i, item in enumerate(puzzles(50, seed=10_000 + args.seed)):
             file.write(json.dumps({"id": f"eval-{i}", **item}) + "\n")
-    dataset = Dataset.from_list([{"prompt": COUNTDOWN_TEMPLATE.format(numbers=p["numbers"], target=p["target"]), **p} for p in train])
+    dataset = Dataset.from_list(
+        [{"prompt": COUNTDOWN_TEMPLATE.format(numbers=p["numbers"], target=p["target"]), **p} for p in train]
+    )
     config = GRPOConfig(
-        output_dir=str(out), per_device_train_batch_size=args.prompts_per_step * args.generations, num_generations=args.generations,
-        max_completion_length=args.max_completion_length, temperature=1.0, learning_rate=args.learning_rate, beta=0.0,
-        max_steps=args.steps, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=args.seed,
+        output_dir=str(out),
+        per_device_train_batch_size=args.prompts_per_step * args.generations,
+        num_generations=args.generations,
+        max_completion_length=args.max_completion_length,
+        temperature=1.0,
+        learning_rate=args.learning_rate,
+        beta=0.0,
+        max_steps=args.steps,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=args.seed,
     )
     if args.serve:
         from setpo_server.local import LocalServer
@@ -74,8 +86,14 @@ def main() -> None:
     with service as running:
         client = SetpoClient(args.setpo_url or running.url)
         client.wait_until_ready()
-        trainer = SetpoGRPOTrainer(model=str(smollm2_path()), reward_funcs=countdown, args=config, train_dataset=dataset,
-                                   setpo_client=client, setpo_weight=args.weight if args.method == "setpo" else 0.0)
+        trainer = SetpoGRPOTrainer(
+            model=str(smollm2_path()),
+            reward_funcs=countdown,
+            args=config,
+            train_dataset=dataset,
+            setpo_client=client,
+            setpo_weight=args.weight if args.method == "setpo" else 0.0,
+        )
         started = time.perf_counter()
         trainer.train()
         minutes = (time.perf_counter() - started) / 60
@@ -86,8 +104,10 @@ def main() -> None:
     shares = [e["setpo/time_share"] for e in history if "setpo/time_share" in e]  # SetpoShaper's, from step 2 on
     share = sum(shares) / len(shares) if shares else 0.0
     reward = sum(e["reward"] for e in history[-5:]) / min(5, len(history))
-    print(f"{args.method}: {args.steps} steps in {minutes:.1f} min; reward (last 5 steps) {reward:.3f}; "
-          f"SetPO time share {share:.2%}; wrote {out / 'model'}")
+    print(
+        f"{args.method}: {args.steps} steps in {minutes:.1f} min; reward (last 5 steps) {reward:.3f}; "
+        f"SetPO time share {share:.2%}; wrote {out / 'model'}"
+    )
 
 
 if __name__ == "__main__":

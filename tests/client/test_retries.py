@@ -54,7 +54,10 @@ def test_client_rides_out_a_server_restart():
 def test_gives_up_after_a_bounded_number_of_retries():
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     start = time.monotonic()
-    with SetpoClient(url, max_retries=3, backoff=0.2) as client, pytest.raises(SetpoConnectionError, match="after 4 attempts"):
+    with (
+        SetpoClient(url, max_retries=3, backoff=0.2) as client,
+        pytest.raises(SetpoConnectionError, match="after 4 attempts"),
+    ):
         client.diversity([GROUP])
     assert 0.7 <= time.monotonic() - start < 10  # 0.1-0.2 + 0.2-0.4 + 0.4-0.8 s of backoff
 
@@ -68,7 +71,11 @@ def test_gives_up_after_a_bounded_number_of_retries():
 
 def test_a_4xx_is_raised_at_once_not_retried(server):
     def count_422() -> float:
-        found = re.search(r'^setpo_requests_total\{route="/v1/diversity",status="422"\} (\S+)$', httpx.get(server.url + "/metrics").text, re.M)
+        found = re.search(
+            r'^setpo_requests_total\{route="/v1/diversity",status="422"\} (\S+)$',
+            httpx.get(server.url + "/metrics").text,
+            re.M,
+        )
         return float(found.group(1)) if found else 0.0
 
     before = count_422()
@@ -87,5 +94,8 @@ def test_a_slow_answer_is_a_timeout_error_not_a_hang(server):
 
 
 def test_local_type_errors_fail_before_any_request():
-    with SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0) as client, pytest.raises(ValueError, match="lambda"):
+    with (
+        SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0) as client,
+        pytest.raises(ValueError, match="lambda"),
+    ):
         client.diversity([{**GROUP, "lambda": 0.1}])

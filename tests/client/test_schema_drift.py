@@ -6,8 +6,18 @@ import pytest
 from setpo_client import types
 
 REQUESTS = ["Group", "DiversityRequest", "EmbeddingsRequest"]
-RESPONSES = ["GroupResult", "DiversityUsage", "DiversityResponse", "Embedding", "EmbeddingsUsage", "EmbeddingsResponse",
-             "Limits", "Info", "ErrorDetail", "ErrorResponse"]
+RESPONSES = [
+    "GroupResult",
+    "DiversityUsage",
+    "DiversityResponse",
+    "Embedding",
+    "EmbeddingsUsage",
+    "EmbeddingsResponse",
+    "Limits",
+    "Info",
+    "ErrorDetail",
+    "ErrorResponse",
+]
 FASTAPI_OWN = {"HTTPValidationError", "ValidationError"}
 KEEP = {"type", "properties", "required", "items", "anyOf", "const", "enum", "$ref", "additionalProperties"}
 
@@ -46,7 +56,9 @@ def test_client_type_matches_server_schema(server_schemas, name):
     actual = shape(client_schema)
     if name not in REQUESTS:
         actual.pop("additionalProperties", None)  # responses ignore unknown fields on purpose
-    for field in types.NEWER_SERVER_FIELDS.get(name, ()):  # optional in the client for older servers: same type otherwise
+    for field in types.NEWER_SERVER_FIELDS.get(
+        name, ()
+    ):  # optional in the client for older servers: same type otherwise
         (kind,) = [branch for branch in actual["properties"][field]["anyOf"] if branch != {"type": "null"}]
         actual["properties"][field] = kind
         actual["required"] = sorted([*actual.get("required", []), field])

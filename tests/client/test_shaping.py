@@ -27,7 +27,11 @@ def test_bonus_is_weight_times_the_services_marginals_and_metrics_are_reported(c
     assert step.metrics["setpo/duplicate_share"] == pytest.approx(1 / 7)
     assert step.metrics["setpo/weight"] == 0.2 and step.metrics["setpo/fallback_steps"] == 0
     assert step.metrics["setpo/time_s"] > 0 and 0 <= step.metrics["setpo/saturation"] <= 1
-    assert step.metrics["setpo/active"] == 1 and step.metrics["setpo/requests"] == 1 and step.metrics["setpo/unscored_groups"] == 0
+    assert (
+        step.metrics["setpo/active"] == 1
+        and step.metrics["setpo/requests"] == 1
+        and step.metrics["setpo/unscored_groups"] == 0
+    )
     # time_share needs a whole step, from the previous step's start: absent on the first, in (0, 1] after
     assert "setpo/time_share" not in step.metrics
     assert 0 < shaper.score(GROUPS).metrics["setpo/time_share"] <= 1
@@ -55,15 +59,22 @@ def test_skip_falls_back_to_zero_and_counts_then_resumes_when_the_service_return
 
 def test_fail_raises_a_clear_error():
     client = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0)
-    with pytest.raises(SetpoError, match="on_error='fail'.*cannot reach"):
+    with pytest.raises(SetpoError, match=r"on_error='fail'.*cannot reach"):
         SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
 
 
 def test_a_group_of_fewer_than_three_scorable_members_gets_zero_and_is_counted_the_rest_is_shaped(client):
     shaper = SetpoShaper(client, weight=0.1, on_error="fail")  # not a failure: the policy for such groups
     step = shaper.score([["only", "two"], GROUPS[1], ["one", None, "two", None]])  # None: not scorable (padding)
-    assert step.bonus[0] == [0.0, 0.0] and step.bonus[2] == [0.0] * 4 and step.marginals[0] is None and step.marginals[2] is None
-    assert step.bonus[1] == pytest.approx([0.1 * s for s in client.diversity([{"texts": GROUPS[1]}]).groups[0].marginals], abs=1e-7)
+    assert (
+        step.bonus[0] == [0.0, 0.0]
+        and step.bonus[2] == [0.0] * 4
+        and step.marginals[0] is None
+        and step.marginals[2] is None
+    )
+    assert step.bonus[1] == pytest.approx(
+        [0.1 * s for s in client.diversity([{"texts": GROUPS[1]}]).groups[0].marginals], abs=1e-7
+    )
     assert step.metrics["setpo/unscored_groups"] == 2 and step.metrics["setpo/active"] == 1
 
 
@@ -89,7 +100,11 @@ def test_a_step_is_fitted_within_the_services_limits_and_every_group_scored(tigh
     groups = [[f"{CJK} {i} {j}" for j in range(4)] for i in range(5)] + [["x" * 500 + str(j) for j in range(3)]]
     step = SetpoShaper(client, weight=1.0, on_error="fail").score(groups)
     # 6 groups, 2 a request at most, and CJK texts that must be cut by bytes to fit 2048-byte bodies
-    assert step.metrics["setpo/requests"] >= 3 and step.metrics["setpo/unscored_groups"] == 0 and step.metrics["setpo/cut_texts"] > 0
+    assert (
+        step.metrics["setpo/requests"] >= 3
+        and step.metrics["setpo/unscored_groups"] == 0
+        and step.metrics["setpo/cut_texts"] > 0
+    )
     assert all(m is not None and len(m) == len(g) for m, g in zip(step.marginals, groups))
     assert step.metrics["setpo/active"] == 1
 
@@ -104,9 +119,13 @@ def test_a_rotated_key_trains_on_with_zero_under_skip_logged_with_the_services_m
     client = SetpoClient(tight_server.url, api_key="the-old-key", max_retries=0)
     with caplog.at_level("ERROR", logger="setpo_client"):
         step = SetpoShaper(client, weight=0.1, on_error="skip").score(GROUPS)
-    assert step.bonus == [[0.0] * 4, [0.0] * 3] and step.metrics["setpo/fallback_steps"] == 1 and step.metrics["setpo/active"] == 0
+    assert (
+        step.bonus == [[0.0] * 4, [0.0] * 3]
+        and step.metrics["setpo/fallback_steps"] == 1
+        and step.metrics["setpo/active"] == 0
+    )
     assert any(r.levelname == "ERROR" and "401" in r.getMessage() for r in caplog.records)
-    with pytest.raises(SetpoError, match="on_error='fail'.*401"):
+    with pytest.raises(SetpoError, match=r"on_error='fail'.*401"):
         SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
 
 
@@ -114,7 +133,9 @@ def test_a_request_the_service_refuses_falls_back_under_skip(client, caplog):
     # a text the server cannot take although it fits the limits it announced (e.g. limits lowered since /info)
     shaper = SetpoShaper(client, weight=0.1, on_error="skip")
     served = shaper.check().limits.max_group_size
-    shaper.info = shaper.info.model_copy(update={"limits": shaper.info.limits.model_copy(update={"max_group_size": 10_000})})
+    shaper.info = shaper.info.model_copy(
+        update={"limits": shaper.info.limits.model_copy(update={"max_group_size": 10_000})}
+    )
     with caplog.at_level("ERROR", logger="setpo_client"):
         step = shaper.score([[f"t{j}" for j in range(served + 1)]] + GROUPS)
     assert step.metrics["setpo/fallback_steps"] == 1 and all(b == 0 for g in step.bonus for b in g)
@@ -140,7 +161,11 @@ class FailingService(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("status,body", [(500, FailingService.body), (200, b'{"groups": [{"marginals": [NaN]}]}')], ids=["500", "off-contract 200"])
+@pytest.mark.parametrize(
+    "status,body",
+    [(500, FailingService.body), (200, b'{"groups": [{"marginals": [NaN]}]}')],
+    ids=["500", "off-contract 200"],
+)
 def test_a_failing_service_falls_back_under_skip_and_raises_under_fail(status, body):
     handler = type("Handler", (FailingService,), {"status": status, "body": body})
     with ThreadingHTTPServer(("127.0.0.1", 0), handler) as broken:
@@ -167,7 +192,9 @@ def test_duplicate_share_counts_repeats_within_groups_only():
     assert duplicate_share([]) == 0.0
 
 
-@pytest.mark.parametrize("kwargs,match", [({"weight": -0.1}, "weight"), ({"weight": 0.1, "on_error": "retry"}, "on_error")])
+@pytest.mark.parametrize(
+    "kwargs,match", [({"weight": -0.1}, "weight"), ({"weight": 0.1, "on_error": "retry"}, "on_error")]
+)
 def test_bad_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SetpoShaper(SetpoClient(), **kwargs)
@@ -186,4 +213,8 @@ def test_a_failure_before_any_request_falls_back_under_skip(client, caplog):
     # an embedding the JSON body cannot carry (NaN from a diverged model): the step trains on, counted
     with caplog.at_level("ERROR", logger="setpo_client"):
         step = SetpoShaper(client, weight=0.5).score([[[1.0, 0.0], [float("nan"), 1.0], [0.5, 0.5]]])
-    assert step.bonus == [[0.0] * 3] and step.metrics["setpo/fallback_steps"] == 1 and "SetPO scoring failed" in caplog.text
+    assert (
+        step.bonus == [[0.0] * 3]
+        and step.metrics["setpo/fallback_steps"] == 1
+        and "SetPO scoring failed" in caplog.text
+    )

@@ -15,7 +15,9 @@ def cosine_clamped(a: list[float], b: list[float]) -> float:
 
 
 def kernel_of(embeddings: list[list[float]]) -> list[list[float]]:
-    return [[1.0 if i == j else cosine_clamped(a, b) for j, b in enumerate(embeddings)] for i, a in enumerate(embeddings)]
+    return [
+        [1.0 if i == j else cosine_clamped(a, b) for j, b in enumerate(embeddings)] for i, a in enumerate(embeddings)
+    ]
 
 
 def local_mass(kernel: list[list[float]], members: list[int], y: int) -> float:

@@ -27,7 +27,9 @@ def marginals_of(kernel: torch.Tensor, shape: str = "neg_log1p") -> torch.Tensor
 def kernels(draw, min_size=3, max_size=10):
     """A symmetric (G, G) float32 kernel in [0, 1] with unit diagonal, entries drawn by hypothesis."""
     size = draw(st.integers(min_size, max_size))
-    upper = draw(st.lists(st.floats(0.0, 1.0, width=32), min_size=size * (size - 1) // 2, max_size=size * (size - 1) // 2))
+    upper = draw(
+        st.lists(st.floats(0.0, 1.0, width=32), min_size=size * (size - 1) // 2, max_size=size * (size - 1) // 2)
+    )
     kernel = torch.eye(size)
     rows, cols = torch.triu_indices(size, size, offset=1)
     kernel[rows, cols] = torch.tensor(upper)
@@ -231,7 +233,12 @@ def test_cuda_matches_cpu():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.sampled_from([3, 4, 17, 128]), st.sampled_from([1e-30, 1e-8, 1.0, 1e8, 1e30]), st.integers(0, 2**31 - 1), st.data())
+@given(
+    st.sampled_from([3, 4, 17, 128]),
+    st.sampled_from([1e-30, 1e-8, 1.0, 1e8, 1e30]),
+    st.integers(0, 2**31 - 1),
+    st.data(),
+)
 def test_hostile_groups_give_finite_results(size, scale, seed, data):
     """Zero vectors, exact duplicates, huge and tiny norms, G = 3 and G = 128: always finite, never NaN."""
     generator = torch.Generator().manual_seed(seed)

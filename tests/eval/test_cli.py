@@ -18,8 +18,12 @@ def test_offline_datasets_and_the_papers_prompts():
 
 def test_jsonl_with_mapped_fields(tmp_path):
     path = tmp_path / "aime.jsonl"
-    path.write_text('{"problem": "Find x.", "solution_value": "204", "pid": "aime24-1"}\n\n{"problem": "Find y.", "solution_value": "7"}\n')
-    problems = datasets.load(str(path), kind="math", fields=datasets.FieldMap(question="problem", answer="solution_value", id="pid"))
+    path.write_text(
+        '{"problem": "Find x.", "solution_value": "204", "pid": "aime24-1"}\n\n{"problem": "Find y.", "solution_value": "7"}\n'
+    )
+    problems = datasets.load(
+        str(path), kind="math", fields=datasets.FieldMap(question="problem", answer="solution_value", id="pid")
+    )
     assert [(p.id, p.answer) for p in problems] == [("aime24-1", "204"), ("3", "7")]
     assert problems[0].reward("so \\boxed{204}") == 1.0
     with pytest.raises(ValueError, match=r"aime.jsonl:1: no field \['question', 'answer'\]"):
@@ -34,25 +38,67 @@ def test_run_scores_given_samples_and_compare_plots(tmp_path):
     lines = []
     for p in problems:
         right = " + ".join(map(str, p.numbers))  # usually wrong, but well-formed
-        lines += [{"problem_id": p.id, "response": f"<answer>{right}</answer>"}, {"problem_id": p.id, "response": "no idea"}]
+        lines += [
+            {"problem_id": p.id, "response": f"<answer>{right}</answer>"},
+            {"problem_id": p.id, "response": "no idea"},
+        ]
     samples.write_text("\n".join(json.dumps(line) for line in lines))
     for method in ("grpo", "setpo"):
-        cli.main(["run", "--dataset", "countdown", "--limit", "2", "--seed", "1", "--samples", str(samples), "--method", method, "--out", str(tmp_path / method)])
+        cli.main(
+            [
+                "run",
+                "--dataset",
+                "countdown",
+                "--limit",
+                "2",
+                "--seed",
+                "1",
+                "--samples",
+                str(samples),
+                "--method",
+                method,
+                "--out",
+                str(tmp_path / method),
+            ]
+        )
     summary = json.loads((tmp_path / "setpo" / "summary.json").read_text())
     assert summary["n"] == 2 and summary["problems"] == 2 and "pass@2" in summary["accuracy"]
     assert set(summary["diversity"]) == {"distinct_correct_mean", "diversity_width", "average_mode"}
     scored = [json.loads(line) for line in (tmp_path / "setpo" / "samples.jsonl").read_text().splitlines()]
-    assert [row["reward"] for row in scored][1::2] == [0.0, 0.0] and all(row["reward"] in (0.1, 1.0) for row in scored[::2])
+    assert [row["reward"] for row in scored][1::2] == [0.0, 0.0] and all(
+        row["reward"] in (0.1, 1.0) for row in scored[::2]
+    )
     cli.main(["compare", str(tmp_path / "grpo"), str(tmp_path / "setpo"), "--out", str(tmp_path / "cmp")])
     assert "| setpo | countdown | 2 |" in (tmp_path / "cmp" / "summary.md").read_text()
-    assert (tmp_path / "cmp" / "pass_at_k.png").stat().st_size > 5000 and (tmp_path / "cmp" / "diversity.png").stat().st_size > 5000
+    assert (tmp_path / "cmp" / "pass_at_k.png").stat().st_size > 5000 and (
+        tmp_path / "cmp" / "diversity.png"
+    ).stat().st_size > 5000
 
 
 def test_generate_with_smollm2_and_score_through_the_service(server, tmp_path):
     model = smollm2_path()
     out = tmp_path / "run"
-    cli.main(["run", "--model", str(model), "--dataset", "gsm8k", "--limit", "2", "--n", "3", "--max-new-tokens", "24",
-              "--method", "smol", "--out", str(out), "--setpo-url", server.url])
+    cli.main(
+        [
+            "run",
+            "--model",
+            str(model),
+            "--dataset",
+            "gsm8k",
+            "--limit",
+            "2",
+            "--n",
+            "3",
+            "--max-new-tokens",
+            "24",
+            "--method",
+            "smol",
+            "--out",
+            str(out),
+            "--setpo-url",
+            server.url,
+        ]
+    )
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(isinstance(row["response"], str) and row["response"] for row in rows)
     summary = json.loads((out / "summary.json").read_text())

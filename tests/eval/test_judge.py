@@ -36,16 +36,29 @@ def judge_server():
 
 def test_score_and_reason_from_the_papers_prompt(judge_server):
     url, state = judge_server
-    score, reason = judge_diversity("What is 6 * 7?", ["6 * 7 = 42", "7 + 7 + 7 + 7 + 7 + 7 = 42"], url, "k3y", "judge-model")
+    score, reason = judge_diversity(
+        "What is 6 * 7?", ["6 * 7 = 42", "7 + 7 + 7 + 7 + 7 + 7 = 42"], url, "k3y", "judge-model"
+    )
     assert (score, reason) == (4, "Three distinct strategies.")
     sent = state["requests"][0]
-    assert sent["path"] == "/v1/chat/completions" and sent["auth"] == "Bearer k3y" and sent["body"]["model"] == "judge-model"
+    assert (
+        sent["path"] == "/v1/chat/completions"
+        and sent["auth"] == "Bearer k3y"
+        and sent["body"]["model"] == "judge-model"
+    )
     prompt = sent["body"]["messages"][0]["content"]
     assert "What is 6 * 7?" in prompt and "--- Attempt 2 ---\n7 + 7" in prompt and "2 SOLUTION ATTEMPTS" in prompt
     assert "Output the score FIRST inside double brackets" in prompt
 
 
-@pytest.mark.parametrize("reply,status,match", [("I would say 4.", 200, "no \\[\\[1-5\\]\\] score"), ("[[9]]", 200, "no \\[\\[1-5\\]\\]"), ("{}", 500, "answered 500")])
+@pytest.mark.parametrize(
+    "reply,status,match",
+    [
+        ("I would say 4.", 200, "no \\[\\[1-5\\]\\] score"),
+        ("[[9]]", 200, "no \\[\\[1-5\\]\\]"),
+        ("{}", 500, "answered 500"),
+    ],
+)
 def test_bad_judge_answers_are_clear_errors(judge_server, reply, status, match):
     url, state = judge_server
     state["reply"], state["status"] = reply, status

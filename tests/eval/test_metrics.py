@@ -14,7 +14,10 @@ def pass_at_k_by_enumeration(n: int, c: int, k: int) -> float:
     return sum(any(i < c for i in subset) for subset in subsets) / len(subsets)
 
 
-@pytest.mark.parametrize("n,c,k,expected", [(4, 1, 1, 0.25), (4, 1, 2, 0.5), (4, 2, 2, 5 / 6), (5, 0, 3, 0.0), (5, 3, 3, 1.0), (64, 64, 1, 1.0)])
+@pytest.mark.parametrize(
+    "n,c,k,expected",
+    [(4, 1, 1, 0.25), (4, 1, 2, 0.5), (4, 2, 2, 5 / 6), (5, 0, 3, 0.0), (5, 3, 3, 1.0), (64, 64, 1, 1.0)],
+)
 def test_pass_at_k_hand_computed(n, c, k, expected):
     assert metrics.pass_at_k(n, c, k) == pytest.approx(expected)
 

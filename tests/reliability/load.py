@@ -11,7 +11,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -32,10 +32,15 @@ class LoadReport:
 
     def summary(self) -> dict:
         ok = sorted(self.latencies_ms)
-        return {"statuses": self.statuses, "missing_retry_after": self.missing_retry_after,
-                "p50_ms": statistics.median(ok) if ok else None, "p99_ms": ok[int(0.99 * (len(ok) - 1))] if ok else None,
-                "retrying_done": self.retrying_done, "retrying_asked": self.retrying_asked,
-                "rss_growth": self.rss_growth()}
+        return {
+            "statuses": self.statuses,
+            "missing_retry_after": self.missing_retry_after,
+            "p50_ms": statistics.median(ok) if ok else None,
+            "p99_ms": ok[int(0.99 * (len(ok) - 1))] if ok else None,
+            "retrying_done": self.retrying_done,
+            "retrying_asked": self.retrying_asked,
+            "rss_growth": self.rss_growth(),
+        }
 
     def rss_growth(self, after: float = 60.0) -> float:
         """Relative growth of resident memory from `after` seconds in (or the first sample) to the end."""
@@ -47,10 +52,19 @@ def request(kind: str, rng: random.Random) -> tuple[str, dict]:
     size = rng.randint(3, 8)
     tag = rng.randint(0, 10**9)  # mostly distinct texts: dedup must not make the load trivial
     if kind == "texts":
-        return "/v1/diversity", {"groups": [{"texts": [f"answer {tag}.{i}: " + "step " * rng.randint(5, 60) for i in range(size)],
-                                             "rewards": [rng.random() for _ in range(size)]} for _ in range(rng.randint(1, 4))]}
+        return "/v1/diversity", {
+            "groups": [
+                {
+                    "texts": [f"answer {tag}.{i}: " + "step " * rng.randint(5, 60) for i in range(size)],
+                    "rewards": [rng.random() for _ in range(size)],
+                }
+                for _ in range(rng.randint(1, 4))
+            ]
+        }
     if kind == "embeddings":
-        return "/v1/diversity", {"groups": [{"embeddings": [[rng.gauss(0, 1) for _ in range(32)] for _ in range(size)]}]}
+        return "/v1/diversity", {
+            "groups": [{"embeddings": [[rng.gauss(0, 1) for _ in range(32)] for _ in range(size)]}]
+        }
     return "/v1/embeddings", {"input": [f"text {tag}.{i} " + "word " * rng.randint(5, 60) for i in range(size)]}
 
 
@@ -104,9 +118,15 @@ def plot_rss(report: LoadReport, args: argparse.Namespace) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(*zip(*report.rss_mb), lw=1.5)
-    ax.axvline(60, color="grey", ls="--", lw=1, label=f"minute 1; growth after it {report.rss_growth():.1%} (goal < 10 %)")
-    ax.set(xlabel="seconds", ylabel="server resident memory (MB)", ylim=(0, None),
-           title=f"{args.callers} callers overloading a queue of {args.max_queue_texts} texts")
+    ax.axvline(
+        60, color="grey", ls="--", lw=1, label=f"minute 1; growth after it {report.rss_growth():.1%} (goal < 10 %)"
+    )
+    ax.set(
+        xlabel="seconds",
+        ylabel="server resident memory (MB)",
+        ylim=(0, None),
+        title=f"{args.callers} callers overloading a queue of {args.max_queue_texts} texts",
+    )
     ax.legend(loc="lower right")
     fig.tight_layout()
     args.plot.parent.mkdir(parents=True, exist_ok=True)
@@ -116,17 +136,21 @@ def plot_rss(report: LoadReport, args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=120.0, help="at least 60 s; memory is compared from minute 1 on")
+    parser.add_argument(
+        "--duration", type=float, default=120.0, help="at least 60 s; memory is compared from minute 1 on"
+    )
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--max-queue-texts", type=int, default=512, help="small, so the load overloads the queue")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path, help="write the server's resident memory over the run to this PNG")
     args = parser.parse_args()
     health = Outcome("load")  # /health latency from a prober process while the load runs
-    with LocalServer(max_queue_texts=args.max_queue_texts) as server:
-        with Watch(server, health):
-            report = asyncio.run(run_load(server, args.duration, args.callers, retrying=8, work=20))
-    summary = {**report.summary(), **{key: value for key, value in health.summary().items() if key.startswith("health")}}
+    with LocalServer(max_queue_texts=args.max_queue_texts) as server, Watch(server, health):
+        report = asyncio.run(run_load(server, args.duration, args.callers, retrying=8, work=20))
+    summary = {
+        **report.summary(),
+        **{key: value for key, value in health.summary().items() if key.startswith("health")},
+    }
     print(json.dumps(summary, indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +161,11 @@ def main() -> None:
         *(["a 5xx or unexpected status"] if set(report.statuses) - {"200", "429", "503"} else []),
         *(["a 429/503 without Retry-After"] if report.missing_retry_after else []),
         *(["retrying callers did not finish all their work"] if report.retrying_done != report.retrying_asked else []),
-        *(["resident memory grew 10 % or more after minute 1"] if args.duration > 60 and report.rss_growth() >= 0.10 else []),
+        *(
+            ["resident memory grew 10 % or more after minute 1"]
+            if args.duration > 60 and report.rss_growth() >= 0.10
+            else []
+        ),
     ]
     if failures:
         raise SystemExit("load suite failed: " + "; ".join(failures))

@@ -52,7 +52,9 @@ def test_sigterm_drains_requests_in_flight_before_exiting():
     server = LocalServer().start()
     texts = [f"draft {i} " + "word " * 200 for i in range(120)]  # seconds of work on 2 cores
     answer = {}
-    caller = threading.Thread(target=lambda: answer.update(r=httpx.post(server.url + "/v1/embeddings", json={"input": texts}, timeout=120)))
+    caller = threading.Thread(
+        target=lambda: answer.update(r=httpx.post(server.url + "/v1/embeddings", json={"input": texts}, timeout=120))
+    )
     caller.start()
     server.wait_until(lambda: "setpo_queue_texts" in httpx.get(server.url + "/metrics").text and _embedding(server))
     code = server.stop(signal.SIGTERM, timeout=120)
@@ -66,7 +68,9 @@ def test_sigterm_drains_requests_in_flight_before_exiting():
 def _embedding(server: LocalServer) -> bool:
     """True once the model is busy with the request (its first forward pass has been counted)."""
     metrics = httpx.get(server.url + "/metrics").text
-    return any(line.startswith("setpo_batch_size_count") and float(line.split()[-1]) > 0 for line in metrics.splitlines())
+    return any(
+        line.startswith("setpo_batch_size_count") and float(line.split()[-1]) > 0 for line in metrics.splitlines()
+    )
 
 
 @pytest.mark.parametrize("policy", ["skip", "fail"])

@@ -18,8 +18,25 @@ def test_generated_requests_never_get_a_5xx_and_answers_match_the_schema():
     min_cases = int(os.environ.get("SETPO_FUZZ_MIN_CASES", "150"))
     schemathesis = Path(sys.executable).with_name("schemathesis")
     with LocalServer() as server:
-        run = subprocess.run([str(schemathesis), "run", f"{server.url}/openapi.json", "--checks", CHECKS, "-n", examples,
-                              "--phases", "coverage,fuzzing", "--no-color", "--seed", "1"], capture_output=True, text=True, timeout=1800)
+        run = subprocess.run(
+            [
+                str(schemathesis),
+                "run",
+                f"{server.url}/openapi.json",
+                "--checks",
+                CHECKS,
+                "-n",
+                examples,
+                "--phases",
+                "coverage,fuzzing",
+                "--no-color",
+                "--seed",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
     assert run.returncode == 0, run.stdout[-4000:]
     generated, passed = map(int, re.search(r"(\d+) generated, (\d+) passed", run.stdout).groups())
     print(f"schemathesis: {generated} generated, {passed} passed")

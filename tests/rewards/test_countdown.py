@@ -30,21 +30,24 @@ def test_wrong_malformed_and_missing_answers(puzzles):
     assert countdown_reward("<answer>x</answer>", numbers, target, format_score=0.2) == 0.2
 
 
-@pytest.mark.parametrize("expr,numbers,expected", [
-    ("(3 + 5) * 2", [2, 3, 5], 16),
-    ("8 / (3 - 1)", [1, 3, 8], 4),
-    ("7 / 2 * 2", [2, 2, 7], 7),  # exact fractions, no float rounding
-    ("3 + 3", [3, 5], None),  # a number used twice, another not at all
-    ("3 + 5", [3, 5, 2], None),  # a number left out
-    ("4 / (2 - 2)", [4, 2, 2], None),  # division by zero
-    ("9 ** 9 ** 9", [9, 9, 9], None),  # no powers: would never finish
-    ("-3 + 5", [3, 5], 2),  # unary minus, as reasoning-gym's own solutions write it
-    ("3 - -5", [3, 5], 8),
-    ("3.5 + 1", [3, 1], None),  # integers only
-    ("__import__('os').system('true')", [1], None),  # code is never run
-    ("(" * 150 + "1" + ")" * 150, [1], None),  # too long to be an answer
-    ("(((((((((1)))))))))", [1], 1),
-])
+@pytest.mark.parametrize(
+    "expr,numbers,expected",
+    [
+        ("(3 + 5) * 2", [2, 3, 5], 16),
+        ("8 / (3 - 1)", [1, 3, 8], 4),
+        ("7 / 2 * 2", [2, 2, 7], 7),  # exact fractions, no float rounding
+        ("3 + 3", [3, 5], None),  # a number used twice, another not at all
+        ("3 + 5", [3, 5, 2], None),  # a number left out
+        ("4 / (2 - 2)", [4, 2, 2], None),  # division by zero
+        ("9 ** 9 ** 9", [9, 9, 9], None),  # no powers: would never finish
+        ("-3 + 5", [3, 5], 2),  # unary minus, as reasoning-gym's own solutions write it
+        ("3 - -5", [3, 5], 8),
+        ("3.5 + 1", [3, 1], None),  # integers only
+        ("__import__('os').system('true')", [1], None),  # code is never run
+        ("(" * 150 + "1" + ")" * 150, [1], None),  # too long to be an answer
+        ("(((((((((1)))))))))", [1], 1),
+    ],
+)
 def test_evaluate_expression_is_exact_safe_and_bounded(expr, numbers, expected):
     start = time.perf_counter()
     assert evaluate_expression(expr, numbers) == expected

@@ -40,16 +40,29 @@ def test_gsm8k_reference_solutions_and_boxed_model_answers():
         assert math_reward(f"The answer is \\boxed{{{int(reference.replace(',', '')) + 1}}}.", reference) == 0.0
 
 
-@pytest.mark.parametrize("predicted,reference", [
-    ("1,000", "1000"), ("1000.0", "1000"), ("\\frac{1}{8}", "0.125"), ("\\dfrac{3}{2}", "3/2"), ("\\frac32", "1.5"),
-    ("x = 5", "5"), ("\\text{(C)}", "(C)"), ("50\\%", "50"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
-    ("-\\frac{1}{2}", "-0.5"), ("$18$", "18"),
-])
+@pytest.mark.parametrize(
+    "predicted,reference",
+    [
+        ("1,000", "1000"),
+        ("1000.0", "1000"),
+        ("\\frac{1}{8}", "0.125"),
+        ("\\dfrac{3}{2}", "3/2"),
+        ("\\frac32", "1.5"),
+        ("x = 5", "5"),
+        ("\\text{(C)}", "(C)"),
+        ("50\\%", "50"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
+        ("-\\frac{1}{2}", "-0.5"),
+        ("$18$", "18"),
+    ],
+)
 def test_equivalent_notations_match(predicted, reference):
     assert answers_match(predicted, reference)
 
 
-@pytest.mark.parametrize("predicted,reference", [("72", "73"), ("\\frac{1}{3}", "0.33"), ("(3, 2)", "(2, 3)"), ("1/0", "1"), ("", "0")])
+@pytest.mark.parametrize(
+    "predicted,reference", [("72", "73"), ("\\frac{1}{3}", "0.33"), ("(3, 2)", "(2, 3)"), ("1/0", "1"), ("", "0")]
+)
 def test_different_answers_do_not_match(predicted, reference):
     assert not answers_match(predicted, reference)
 

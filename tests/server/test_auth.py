@@ -16,7 +16,9 @@ def guarded():
         yield server
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}]
+)
 def test_data_routes_refuse_missing_or_wrong_key(guarded, headers):
     for path, body in [("/v1/diversity", {"groups": [GROUP]}), ("/v1/embeddings", {"input": "x"})]:
         response = httpx.post(guarded.url + path, json=body, headers=headers)
@@ -54,7 +56,9 @@ def test_key_never_appears_in_logs_or_answers(guarded):
         httpx.get(guarded.url + "/info", headers=headers).text,
         httpx.get(guarded.url + "/metrics").text,
         httpx.get(guarded.url + "/openapi.json").text,
-        httpx.post(guarded.url + "/v1/diversity", json={"groups": [GROUP]}, headers={"Authorization": "Bearer nope"}).text,
+        httpx.post(
+            guarded.url + "/v1/diversity", json={"groups": [GROUP]}, headers={"Authorization": "Bearer nope"}
+        ).text,
     ]
     assert all(KEY not in answer for answer in answers)
     assert "GET /info" in guarded.log()  # the debug log did record the requests...

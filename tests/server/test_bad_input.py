@@ -21,19 +21,54 @@ CASES = [
     ("no groups", {"groups": []}, 422, "groups", "at least 1"),
     ("unknown field", {"groups": [OK_GROUP], "lambda": 0.1}, 422, "lambda", "Extra inputs"),
     ("texts not strings", {"groups": [{"texts": ["a", 5, "c"]}]}, 422, "groups[0].texts[1]", "valid string"),
-    ("reward as string", {"groups": [{**OK_GROUP, "rewards": [1, "0.5", 0]}]}, 422, "groups[0].rewards[1]", "valid number"),
+    (
+        "reward as string",
+        {"groups": [{**OK_GROUP, "rewards": [1, "0.5", 0]}]},
+        422,
+        "groups[0].rewards[1]",
+        "valid number",
+    ),
     ("weight as string", {"groups": [OK_GROUP], "weight": "0.1"}, 422, "weight", "valid number"),
     ("negative weight", {"groups": [OK_GROUP], "weight": -1}, 422, "weight", "greater than or equal to 0"),
-    ("NaN embedding", b'{"groups": [{"embeddings": [[NaN, 1], [1, 2], [3, 4]]}]}', 422, "groups[0].embeddings[0][0]", "finite"),
-    ("infinite reward", b'{"groups": [{"texts": ["a", "b", "c"], "rewards": [1e999, 0, 1]}]}', 422, "groups[0].rewards[0]", "finite"),
+    (
+        "NaN embedding",
+        b'{"groups": [{"embeddings": [[NaN, 1], [1, 2], [3, 4]]}]}',
+        422,
+        "groups[0].embeddings[0][0]",
+        "finite",
+    ),
+    (
+        "infinite reward",
+        b'{"groups": [{"texts": ["a", "b", "c"], "rewards": [1e999, 0, 1]}]}',
+        422,
+        "groups[0].rewards[0]",
+        "finite",
+    ),
     ("ragged embeddings", {"groups": [OK_GROUP, {"embeddings": [[1, 2], [3], [4, 5]]}]}, 422, "groups[1]", "ragged"),
     ("empty embeddings", {"groups": [{"embeddings": [[], [], []]}]}, 422, "groups[0]", "no dimensions"),
-    ("texts and embeddings", {"groups": [{**OK_GROUP, "embeddings": [[1], [2], [3]]}]}, 422, "groups[0]", "exactly one"),
+    (
+        "texts and embeddings",
+        {"groups": [{**OK_GROUP, "embeddings": [[1], [2], [3]]}]},
+        422,
+        "groups[0]",
+        "exactly one",
+    ),
     ("neither", {"groups": [{"rewards": [1, 0, 1]}]}, 422, "groups[0]", "exactly one"),
-    ("rewards of wrong length", {"groups": [OK_GROUP, {**OK_GROUP, "rewards": [1, 0]}]}, 422, "groups[1]", "3 members but 2 rewards"),
+    (
+        "rewards of wrong length",
+        {"groups": [OK_GROUP, {**OK_GROUP, "rewards": [1, 0]}]},
+        422,
+        "groups[1]",
+        "3 members but 2 rewards",
+    ),
     ("group of two", {"groups": [OK_GROUP, OK_GROUP, {"texts": ["a", "b"]}]}, 422, "groups[2]", "at least 3"),
-    ("rewards overflowing the advantage", {"groups": [OK_GROUP, {**OK_GROUP, "rewards": [1.5e308, 1.5e308, -1.5e308]}]}, 422,
-     "groups[1].rewards", "overflow"),
+    (
+        "rewards overflowing the advantage",
+        {"groups": [OK_GROUP, {**OK_GROUP, "rewards": [1.5e308, 1.5e308, -1.5e308]}]},
+        422,
+        "groups[1].rewards",
+        "overflow",
+    ),
     ("groups not a list", {"groups": {"texts": ["a", "b", "c"]}}, 422, "groups", "valid list"),
 ]
 
@@ -79,15 +114,35 @@ def test_client_raises_with_the_servers_message(client):
 
 @pytest.fixture(scope="module")
 def limited():
-    with LocalServer(max_groups=2, max_group_size=4, max_text_chars=40, max_body_bytes=2048, max_queue_texts=10) as server:
+    with LocalServer(
+        max_groups=2, max_group_size=4, max_text_chars=40, max_body_bytes=2048, max_queue_texts=10
+    ) as server:
         yield server
 
 
 LIMIT_CASES = [
     ("too many groups", {"groups": [OK_GROUP] * 3}, 422, "groups", "SETPO_MAX_GROUPS=2"),
-    ("group too large", {"groups": [OK_GROUP, {"embeddings": [[1.0]] * 5}]}, 422, "groups[1]", "SETPO_MAX_GROUP_SIZE=4"),
-    ("text too long", {"groups": [{"texts": ["a", "b", "x" * 41]}]}, 422, "groups[0].texts[2]", "SETPO_MAX_TEXT_CHARS=40"),
-    ("body too large", {"groups": [{"embeddings": [[0.123456789] * 100] * 3}]}, 413, "body", "SETPO_MAX_BODY_BYTES=2048"),
+    (
+        "group too large",
+        {"groups": [OK_GROUP, {"embeddings": [[1.0]] * 5}]},
+        422,
+        "groups[1]",
+        "SETPO_MAX_GROUP_SIZE=4",
+    ),
+    (
+        "text too long",
+        {"groups": [{"texts": ["a", "b", "x" * 41]}]},
+        422,
+        "groups[0].texts[2]",
+        "SETPO_MAX_TEXT_CHARS=40",
+    ),
+    (
+        "body too large",
+        {"groups": [{"embeddings": [[0.123456789] * 100] * 3}]},
+        413,
+        "body",
+        "SETPO_MAX_BODY_BYTES=2048",
+    ),
 ]
 
 

@@ -9,18 +9,22 @@ from setpo_server.batcher import resolve_batch_tokens
 from setpo_server.local import LocalServer
 
 GROUPS = [
-    ["Natalia sold 48 clips in April and half as many in May, so 48 + 24 = 72.",
-     "April: 48 clips. May: 48 / 2 = 24 clips. Total 72.",
-     "She sold 48 + 48/2 = 72 clips altogether.",
-     "The answer is 72.",
-     "Let me think about the weather instead: it is sunny today.",
-     "72"],
-    ["To reach 24 from 3, 5, 8, 2: (8 - 5) * (3 + 2) = 15, no; 8 * 3 * (2 - 5 + 4)...",
-     "(5 - 2) * 8 = 24, and 3 is left unused, which breaks the rules.",
-     "3 * 8 = 24, then 24 * (5 - 2 - 2) = 24.",
-     "I cannot find a solution.",
-     "Answer: <answer>(5 - 3) * 8 + 2 * 4</answer>",
-     "8 * (5 - 2) = 24 uses 8, 5 and 2; multiply by 3 / 3 to use the 3."],
+    [
+        "Natalia sold 48 clips in April and half as many in May, so 48 + 24 = 72.",
+        "April: 48 clips. May: 48 / 2 = 24 clips. Total 72.",
+        "She sold 48 + 48/2 = 72 clips altogether.",
+        "The answer is 72.",
+        "Let me think about the weather instead: it is sunny today.",
+        "72",
+    ],
+    [
+        "To reach 24 from 3, 5, 8, 2: (8 - 5) * (3 + 2) = 15, no; 8 * 3 * (2 - 5 + 4)...",
+        "(5 - 2) * 8 = 24, and 3 is left unused, which breaks the rules.",
+        "3 * 8 = 24, then 24 * (5 - 2 - 2) = 24.",
+        "I cannot find a solution.",
+        "Answer: <answer>(5 - 3) * 8 + 2 * 4</answer>",
+        "8 * (5 - 2) = 24 uses 8, 5 and 2; multiply by 3 / 3 to use the 3.",
+    ],
 ]
 
 

@@ -9,7 +9,13 @@ from setpo_server.backend import Backend
 from setpo_server.local import LocalServer
 from setpo_server.settings import Settings
 
-TEXTS = ["The answer is 60.", "Let x be the number of eggs; then x / 5 = 12 and x = 60.", "word " * 300, "a", "12 + 12 = 24 " * 10]
+TEXTS = [
+    "The answer is 60.",
+    "Let x be the number of eggs; then x / 5 = 12 and x = 60.",
+    "word " * 300,
+    "a",
+    "12 + 12 = 24 " * 10,
+]
 
 
 def test_warm_up_compiles_every_graph_and_the_compiled_model_agrees_with_eager():

@@ -20,7 +20,15 @@ def metric(server, name: str) -> float:
 
 
 def requests_for(n: int) -> list[list[dict]]:
-    return [[{"texts": [f"solution {i}.{j}: {'step ' * (i + j)}answer {i * j}" for j in range(6)], "rewards": [1, 0, 1, 0, 0, 1]}] for i in range(n)]
+    return [
+        [
+            {
+                "texts": [f"solution {i}.{j}: {'step ' * (i + j)}answer {i * j}" for j in range(6)],
+                "rewards": [1, 0, 1, 0, 0, 1],
+            }
+        ]
+        for i in range(n)
+    ]
 
 
 def test_concurrent_callers_get_the_answers_a_lone_caller_gets(server):
@@ -47,7 +55,10 @@ def test_requests_queued_behind_a_running_batch_share_one_forward_and_dedup():
     with LocalServer(max_batch_tokens=16384) as server:
         long_texts = [f"draft {i} " + "step by step " * 120 for i in range(256)]  # 256 tokens each: 4 chunks of 64
         forwards, dedup = metric(server, "setpo_batch_size_count"), metric(server, "setpo_texts_deduplicated_total")
-        timed, model_seconds = metric(server, "setpo_forward_seconds_count"), metric(server, "setpo_forward_seconds_sum")
+        timed, model_seconds = (
+            metric(server, "setpo_forward_seconds_count"),
+            metric(server, "setpo_forward_seconds_sum"),
+        )
         big = threading.Thread(target=lambda: SetpoClient(server.url).embeddings(long_texts))
         big.start()
         time.sleep(0.5)  # the big job is in the forward thread now; everything below queues behind it
@@ -107,7 +118,9 @@ def test_retrying_clients_finish_all_their_work_through_overload(small_queue):
 
     with ThreadPoolExecutor(8) as pool:
         assert sum(pool.map(worker, range(8))) == 8 * 3
-    assert metric(small_queue, 'setpo_requests_total{route="/v1/diversity",status="429"}') > before  # retries were needed
+    assert (
+        metric(small_queue, 'setpo_requests_total{route="/v1/diversity",status="429"}') > before
+    )  # retries were needed
 
 
 def test_work_of_a_caller_who_hangs_up_is_dropped_not_computed(server):

@@ -47,7 +47,9 @@ def test_embedding_groups_of_different_sizes_and_dimensions_in_one_request(clien
     result = client.diversity([{"embeddings": g.tolist()} for g in groups] + [{"texts": SOLUTIONS[:3]}])
     assert [len(g.marginals) for g in result.groups] == [3, 7, 16, 3]
     for group, response in zip(groups, result.groups):
-        assert (torch.tensor(response.marginals, dtype=torch.float64) - reference_marginals(group.double().tolist())).abs().max() <= 1e-5
+        assert (
+            torch.tensor(response.marginals, dtype=torch.float64) - reference_marginals(group.double().tolist())
+        ).abs().max() <= 1e-5
     assert result.usage.texts == 3
 
 
@@ -60,8 +62,12 @@ def test_advantages_only_for_groups_with_rewards_and_equal_group_advantage_plus_
     base = group_advantages(torch.tensor([rewards], dtype=torch.float64))[0]
     marginals = torch.tensor(default.groups[0].marginals, dtype=torch.float64)
     assert default.groups[1].advantages is None
-    assert torch.allclose(torch.tensor(default.groups[0].advantages, dtype=torch.float64), base + 0.05 * marginals, atol=1e-5)
-    assert torch.allclose(torch.tensor(explicit.groups[0].advantages, dtype=torch.float64), base + 0.5 * marginals, atol=1e-5)
+    assert torch.allclose(
+        torch.tensor(default.groups[0].advantages, dtype=torch.float64), base + 0.05 * marginals, atol=1e-5
+    )
+    assert torch.allclose(
+        torch.tensor(explicit.groups[0].advantages, dtype=torch.float64), base + 0.5 * marginals, atol=1e-5
+    )
     assert torch.allclose(torch.tensor(off.groups[0].advantages, dtype=torch.float64), base, atol=1e-6)
 
 
@@ -97,7 +103,10 @@ def test_one_big_group_among_many_small_ones_gets_the_same_answers_as_alone(clie
 
 def test_huge_finite_rewards_give_finite_advantages(client):
     result = client.diversity([{"texts": SOLUTIONS[:3], "rewards": [1e39, 0.0, -1e39]}], weight=0.0)
-    assert torch.allclose(torch.tensor(result.groups[0].advantages, dtype=torch.float64), torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64))
+    assert torch.allclose(
+        torch.tensor(result.groups[0].advantages, dtype=torch.float64),
+        torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64),
+    )
 
 
 def test_truncation_side_left_keeps_the_ends_of_long_texts(client):

@@ -19,7 +19,9 @@ def test_ready_is_503_with_retry_after_until_the_model_is_warm():
         assert "loading" in early.json()["error"]["message"]
         assert data.status_code == 503 and "retry-after" in data.headers
         server.wait_until(lambda: httpx.get(server.url + "/ready").status_code == 200)
-        assert httpx.post(server.url + "/v1/diversity", json={"groups": [{"texts": ["a", "b", "c"]}]}).status_code == 200
+        assert (
+            httpx.post(server.url + "/v1/diversity", json={"groups": [{"texts": ["a", "b", "c"]}]}).status_code == 200
+        )
         assert "setpo_ready 1.0" in httpx.get(server.url + "/metrics").text
     finally:
         assert server.stop() == -signal.SIGTERM  # a graceful stop: uvicorn exits by the signal it was sent
@@ -47,7 +49,13 @@ def test_misspelt_setting_is_named_in_a_warning():
 
 def test_info_reports_model_and_limits(client):
     info = client.info()
-    assert (info.model, info.dimension, info.max_tokens, info.device, info.dtype) == ("all-MiniLM-L6-v2", 384, 256, "cpu", "float32")
+    assert (info.model, info.dimension, info.max_tokens, info.device, info.dtype) == (
+        "all-MiniLM-L6-v2",
+        384,
+        256,
+        "cpu",
+        "float32",
+    )
     assert info.limits.max_group_size == 256 and info.default_weight == 0.05 and info.shape == "neg_log1p"
     assert info.limits.max_batch_tokens == 2048  # "auto" resolved for the CPU
     assert not info.compiled  # SETPO_COMPILE is opt-in

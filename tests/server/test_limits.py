@@ -16,8 +16,14 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def limited():
-    with LocalServer(api_key=KEY, max_request_rows=64, max_embedding_inputs=16, max_concurrent_requests=2,
-                     receive_timeout=2, max_queue_tokens=400) as server:
+    with LocalServer(
+        api_key=KEY,
+        max_request_rows=64,
+        max_embedding_inputs=16,
+        max_concurrent_requests=2,
+        receive_timeout=2,
+        max_queue_tokens=400,
+    ) as server:
         yield server
 
 
@@ -36,7 +42,12 @@ def test_duplicate_texts_and_embedding_rows_count_against_the_request_rows_limit
     for groups in ([{"texts": ["a"] * 32}] * 3, [{"texts": ["a"] * 32}, {"embeddings": [[1.0, 0.0]] * 33}]):
         response = httpx.post(limited.url + "/v1/diversity", json={"groups": groups}, headers=AUTH)
         assert response.status_code == 422 and "SETPO_MAX_REQUEST_ROWS=64" in error_of(response)["message"]
-    assert httpx.post(limited.url + "/v1/diversity", json={"groups": [{"texts": ["a"] * 32}] * 2}, headers=AUTH).status_code == 200
+    assert (
+        httpx.post(
+            limited.url + "/v1/diversity", json={"groups": [{"texts": ["a"] * 32}] * 2}, headers=AUTH
+        ).status_code
+        == 200
+    )
 
 
 def test_a_request_with_more_tokens_than_the_queue_holds_is_422(limited):
@@ -48,16 +59,21 @@ def test_a_request_with_more_tokens_than_the_queue_holds_is_422(limited):
 def test_wrong_key_is_refused_before_the_body_is_read(limited):
     """The body is announced (Content-Length) but never sent: only a server that does not wait for it answers."""
     with socket.create_connection(("127.0.0.1", limited.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: 60000000\r\n\r\n")
+        sock.sendall(
+            b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 60000000\r\n\r\n"
+        )
         answer = sock.recv(4096)
     assert answer.startswith(b"HTTP/1.1 401"), answer
 
 
 def test_a_stalled_sender_gets_408_after_the_receive_timeout(limited):
     with socket.create_connection(("127.0.0.1", limited.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                     b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"groups\": [")
+        sock.sendall(
+            b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + KEY.encode()
+            + b'\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"groups": ['
+        )
         started = time.monotonic()
         answer = b""
         while b"}}" not in answer and (chunk := sock.recv(4096)):  # head and body may come in two reads
@@ -73,8 +89,11 @@ def test_requests_over_the_concurrency_limit_get_503_with_retry_after_before_the
     try:
         for _ in range(2):
             sock = socket.create_connection(("127.0.0.1", limited.port), timeout=10)
-            sock.sendall(b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                         b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+            sock.sendall(
+                b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                + KEY.encode()
+                + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+            )
             socks.append(sock)
         time.sleep(0.5)  # both are inside the route, waiting for their bodies
         response = httpx.post(limited.url + "/v1/embeddings", json={"input": "x"}, headers=AUTH)
@@ -84,14 +103,18 @@ def test_requests_over_the_concurrency_limit_get_503_with_retry_after_before_the
     finally:
         for sock in socks:
             sock.close()
-    limited.wait_until(lambda: httpx.post(limited.url + "/v1/embeddings", json={"input": "x"}, headers=AUTH).status_code == 200, 30)
+    limited.wait_until(
+        lambda: httpx.post(limited.url + "/v1/embeddings", json={"input": "x"}, headers=AUTH).status_code == 200, 30
+    )
 
 
 def test_long_texts_are_cut_before_tokenising_and_counted_as_truncated(limited):
     info = httpx.get(limited.url + "/info", headers=AUTH).json()
     assert info["truncate_chars"] == 10 * info["max_tokens"]
     long = "x" * (info["truncate_chars"] * 3)  # one "word": without the cut, a single token of 7680 characters
-    response = httpx.post(limited.url + "/v1/embeddings", json={"input": [long, long[: info["truncate_chars"]]]}, headers=AUTH)
+    response = httpx.post(
+        limited.url + "/v1/embeddings", json={"input": [long, long[: info["truncate_chars"]]]}, headers=AUTH
+    )
     body = response.json()
     assert response.status_code == 200 and body["usage"]["truncated"] == 1
     # the cut text is what was embedded (equal up to float noise: two rows of one batch)
@@ -102,8 +125,16 @@ def test_probes_answer_while_a_big_body_is_parsed(limited):
     """/health is served from the event loop: a parse in a worker thread must not hold it."""
     body = b'{"groups": [' + b",".join([b'{"embeddings": [[0.5, 0.25, 0.125], [1, 2, 3], [3, 2, 1]]}'] * 15000) + b"]}"
     result = {}
-    worker = threading.Thread(target=lambda: result.update(r=httpx.post(
-        limited.url + "/v1/diversity", content=body, headers={**AUTH, "Content-Type": "application/json"}, timeout=60)))
+    worker = threading.Thread(
+        target=lambda: result.update(
+            r=httpx.post(
+                limited.url + "/v1/diversity",
+                content=body,
+                headers={**AUTH, "Content-Type": "application/json"},
+                timeout=60,
+            )
+        )
+    )
     worker.start()
     while worker.is_alive():
         assert httpx.get(limited.url + "/health", timeout=2).status_code == 200

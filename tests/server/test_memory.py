@@ -8,13 +8,15 @@ the kernel, so this checks the behaviour without timing anything.
 import httpx
 import pytest
 
-from setpo_server.runtime import MALLOPT
 from setpo_server.local import LocalServer
+from setpo_server.runtime import MALLOPT
 
 # 512 distinct Countdown-style answers of 20-60 tokens: batches of different shapes, as a real request brings
 # (texts of one length let glibc's defaults reuse memory by luck: 20-25 k faults a request either way)
-TEXTS = [f"<think>Try {i % 97} * {i % 7 + 2} first" + ", then add 3" * (i * 7 % 13) + f".</think> <answer>{i}</answer>"
-         for i in range(512)]
+TEXTS = [
+    f"<think>Try {i % 97} * {i % 7 + 2} first" + ", then add 3" * (i * 7 % 13) + f".</think> <answer>{i}</answer>"
+    for i in range(512)
+]
 
 
 def minor_faults(pid: int) -> int:

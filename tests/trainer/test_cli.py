@@ -18,8 +18,18 @@ BIN = Path(sys.executable).parent
 
 
 def base_flags(tiny_model: str, url: str) -> list[str]:
-    return ["--actor.model_name_or_path", tiny_model, "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4",
-            "--rollout.batch_size", "8", "--setpo.url", url]
+    return [
+        "--actor.model_name_or_path",
+        tiny_model,
+        "--algo.advantage.estimator",
+        "group_norm",
+        "--rollout.n_samples_per_prompt",
+        "4",
+        "--rollout.batch_size",
+        "8",
+        "--setpo.url",
+        url,
+    ]
 
 
 def error_of(capsys, argv: list[str]) -> str:
@@ -36,25 +46,41 @@ def test_help_lists_every_openrlhf_flag_and_ours(capsys):
     shown = capsys.readouterr().out
     openrlhf_flags = [flag for action in cli.openrlhf_parser()._actions for flag in action.option_strings]
     assert len(openrlhf_flags) > 150 and all(flag in shown for flag in openrlhf_flags)
-    for ours in ("--setpo.url", "--setpo.weight", "--setpo.api_key", "--setpo.timeout", "--setpo.max_retries", "--setpo.on_error",
-                 "--setpo.embed", "--setpo.max_chars", "--setpo.check_only", "--setpo.ready_timeout"):
+    for ours in (
+        "--setpo.url",
+        "--setpo.weight",
+        "--setpo.api_key",
+        "--setpo.timeout",
+        "--setpo.max_retries",
+        "--setpo.on_error",
+        "--setpo.embed",
+        "--setpo.max_chars",
+        "--setpo.check_only",
+        "--setpo.ready_timeout",
+    ):
         assert ours in shown
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--setpo.weight", "-1"], "argument --setpo.weight: must be >= 0, got -1"),
-    (["--setpo.weight", "nan"], "argument --setpo.weight: must be >= 0, got nan"),
-    (["--setpo.timeout", "0"], "argument --setpo.timeout: must be > 0"),
-    (["--setpo.max_retries", "-2"], "argument --setpo.max_retries: must be >= 0"),
-    (["--setpo.max_chars", "0"], "argument --setpo.max_chars: must be > 0"),
-    (["--setpo.on_error", "retry"], "argument --setpo.on_error: invalid choice: 'retry'"),
-    (["--setpo.embed", "prompt"], "argument --setpo.embed: invalid choice: 'prompt'"),
-    (["--setpo.wieght", "0.1"], "unrecognized arguments: --setpo.wieght"),
-    (["--actor.policy_loss_type", "grpo"], "argument --actor.policy_loss_type: invalid choice: 'grpo'"),  # OpenRLHF's own check
-    (["--algo.advantage.estimator", "gae"], "--setpo.weight > 0 needs a group advantage estimator"),
-    (["--rollout.n_samples_per_prompt", "2"], "needs --rollout.n_samples_per_prompt >= 3"),
-    (["--setpo.max_chars", "200000"], "the service takes texts of at most 100000 characters"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--setpo.weight", "-1"], "argument --setpo.weight: must be >= 0, got -1"),
+        (["--setpo.weight", "nan"], "argument --setpo.weight: must be >= 0, got nan"),
+        (["--setpo.timeout", "0"], "argument --setpo.timeout: must be > 0"),
+        (["--setpo.max_retries", "-2"], "argument --setpo.max_retries: must be >= 0"),
+        (["--setpo.max_chars", "0"], "argument --setpo.max_chars: must be > 0"),
+        (["--setpo.on_error", "retry"], "argument --setpo.on_error: invalid choice: 'retry'"),
+        (["--setpo.embed", "prompt"], "argument --setpo.embed: invalid choice: 'prompt'"),
+        (["--setpo.wieght", "0.1"], "unrecognized arguments: --setpo.wieght"),
+        (
+            ["--actor.policy_loss_type", "grpo"],
+            "argument --actor.policy_loss_type: invalid choice: 'grpo'",
+        ),  # OpenRLHF's own check
+        (["--algo.advantage.estimator", "gae"], "--setpo.weight > 0 needs a group advantage estimator"),
+        (["--rollout.n_samples_per_prompt", "2"], "needs --rollout.n_samples_per_prompt >= 3"),
+        (["--setpo.max_chars", "200000"], "the service takes texts of at most 100000 characters"),
+    ],
+)
 def test_bad_values_fail_with_a_message_naming_them(flags, message, capsys, tiny_model, server):
     assert message in error_of(capsys, base_flags(tiny_model, server.url) + flags)
 
@@ -79,14 +105,24 @@ def test_key_and_limits_are_checked_against_the_service(capsys, tiny_model, monk
         # groups of 4 the service never scores: refused; 4 groups a step for 2 a request: split by SetpoShaper, fine
         error = error_of(capsys, base_flags(tiny_model, guarded.url))
         assert "groups of 4 responses" in error and "SETPO_MAX_GROUP_SIZE" in error
-        assert cli.parse_args(base_flags(tiny_model, guarded.url) + ["--rollout.n_samples_per_prompt", "3", "--rollout.batch_size", "4"])
+        assert cli.parse_args(
+            base_flags(tiny_model, guarded.url) + ["--rollout.n_samples_per_prompt", "3", "--rollout.batch_size", "4"]
+        )
     # the Ray job's runtime env gets SetPO's setup hook and no secret (Ray logs runtime envs and lists them)
-    assert ray_hook.add_worker_setup({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1"}, "worker_process_setup_hook": ray_hook.SETUP_HOOK}
+    assert ray_hook.add_worker_setup({"env_vars": {"A": "1"}}) == {
+        "env_vars": {"A": "1"},
+        "worker_process_setup_hook": ray_hook.SETUP_HOOK,
+    }
 
 
-@pytest.mark.parametrize("flags,match", [(["--setpo.api_key", "right-key"], "--setpo.api_key is refused"),
-                                         (["--logger.wandb.key", "wandb-secret"], "--logger.wandb.key <key> is refused")],
-                         ids=["setpo-key", "wandb-key"])
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        (["--setpo.api_key", "right-key"], "--setpo.api_key is refused"),
+        (["--logger.wandb.key", "wandb-secret"], "--logger.wandb.key <key> is refused"),
+    ],
+    ids=["setpo-key", "wandb-key"],
+)
 def test_a_secret_on_the_command_line_is_refused(capsys, tiny_model, server, flags, match):
     error = error_of(capsys, base_flags(tiny_model, server.url) + flags)
     assert match in error and "right-key" not in error and "wandb-secret" not in error
@@ -96,7 +132,9 @@ def test_check_only_runs_openrlhfs_own_checks_and_stops_before_ray(capsys, tiny_
     monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", ray_hook.RUNTIME_ENV_HOOK)
     cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only"])
     assert "the arguments check out" in capsys.readouterr().out and not ray.is_initialized()
-    with pytest.raises(AssertionError, match="remote_rm_url or agent_func_path must be specified when using dynamic filtering"):
+    with pytest.raises(
+        AssertionError, match="remote_rm_url or agent_func_path must be specified when using dynamic filtering"
+    ):
         cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only", "--algo.dynamic_filtering_enable"])
 
 
@@ -106,8 +144,10 @@ def test_a_ray_runtime_env_hook_already_set_is_chained(tiny_model, server, monke
     cli.main(base_flags(tiny_model, server.url) + ["--setpo.check_only"])
     assert os.environ["RAY_RUNTIME_ENV_HOOK"] == ray_hook.RUNTIME_ENV_HOOK
     # the site's hook runs first, then ours adds the setup hook
-    assert ray_hook.add_worker_setup({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1", "SITE_HOOK": "ran"},
-                                                                    "worker_process_setup_hook": ray_hook.SETUP_HOOK}
+    assert ray_hook.add_worker_setup({"env_vars": {"A": "1"}}) == {
+        "env_vars": {"A": "1", "SITE_HOOK": "ran"},
+        "worker_process_setup_hook": ray_hook.SETUP_HOOK,
+    }
     with pytest.raises(RuntimeError, match="already has a worker_process_setup_hook"):
         ray_hook.add_worker_setup({"worker_process_setup_hook": "mine.setup"})
 
@@ -119,7 +159,10 @@ def test_without_vllm_setpo_train_says_what_to_install():
 
 
 RECIPE_ENV = {
-    "grpo_gsm8k.sh": {}, "gspo_gsm8k.sh": {}, "dapo_gsm8k.sh": {}, "math_hard_32b.sh": {},
+    "grpo_gsm8k.sh": {},
+    "gspo_gsm8k.sh": {},
+    "dapo_gsm8k.sh": {},
+    "math_hard_32b.sh": {},
     "countdown_grpo.sh": {"ROLLOUTS": "7", "KL": "0.005"},
 }
 
@@ -137,8 +180,13 @@ def test_every_recipe_is_there():
 
 @pytest.mark.parametrize("recipe", RECIPE_ENV)
 def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, server, tmp_path):
-    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "prompts.jsonl"), "SETPO_URL": server.url, "SAVE_PATH": str(tmp_path),
-           **RECIPE_ENV[recipe]}
+    env = {
+        "MODEL_PATH": tiny_model,
+        "DATA_PATH": str(tmp_path / "prompts.jsonl"),
+        "SETPO_URL": server.url,
+        "SAVE_PATH": str(tmp_path),
+        **RECIPE_ENV[recipe],
+    }
     run = run_recipe(recipe, env, "--setpo.check_only")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "the arguments check out" in run.stdout and f"at {server.url}" in run.stdout
@@ -156,5 +204,7 @@ def test_countdown_recipe_needs_its_grid_values(tiny_model, server, tmp_path):
 
 def test_recipes_pass_shellcheck():
     recipes = sorted(str(path) for path in RECIPES.glob("*.sh"))
-    run = subprocess.run([str(BIN / "shellcheck"), "--external-sources", *recipes], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [str(BIN / "shellcheck"), "--external-sources", *recipes], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stdout

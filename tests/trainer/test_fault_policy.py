@@ -13,7 +13,9 @@ from tests.trainer.rollouts import SETTINGS, makers, rollout
 def step(openrlhf, setpo, problems, strategy, tokenizer):
     """One advantage step of each maker on the same rollout: (OpenRLHF's experiences, ours)."""
     experiences = rollout(problems, strategy, tokenizer, setpo, kl_scale=0.0)
-    return openrlhf.compute_advantages_and_returns(copy.deepcopy(experiences)), setpo.compute_advantages_and_returns(experiences)
+    return openrlhf.compute_advantages_and_returns(copy.deepcopy(experiences)), setpo.compute_advantages_and_returns(
+        experiences
+    )
 
 
 def shaped(base, ours) -> bool:
@@ -27,22 +29,35 @@ def logged(experiences, name: str) -> float:
 def test_skip_trains_on_with_weight_zero_counts_the_steps_and_resumes(tiny_model, problems):
     service = LocalServer().start()
     try:
-        openrlhf, setpo, strategy, tokenizer = makers(tiny_model, service.url, *SETTINGS["rloo"], "--setpo.on_error", "skip",
-                                                      "--setpo.max_retries", "1")
+        openrlhf, setpo, strategy, tokenizer = makers(
+            tiny_model, service.url, *SETTINGS["rloo"], "--setpo.on_error", "skip", "--setpo.max_retries", "1"
+        )
         base, ours = step(openrlhf, setpo, problems, strategy, tokenizer)
-        assert shaped(base, ours) and logged(ours, "setpo/fallback_steps") == 0 and logged(ours, "setpo/weight") == pytest.approx(0.1)
+        assert (
+            shaped(base, ours)
+            and logged(ours, "setpo/fallback_steps") == 0
+            and logged(ours, "setpo/weight") == pytest.approx(0.1)
+        )
         assert logged(ours, "setpo/active") == 1  # from the path that shaped the step
 
         service.stop()
         for fallbacks in (1, 2):  # down: OpenRLHF's advantages exactly, the step counted
             base, ours = step(openrlhf, setpo, problems, strategy, tokenizer)
             assert all(torch.equal(a.advantages, b.advantages) for a, b in zip(base, ours))
-            assert logged(ours, "setpo/fallback_steps") == fallbacks and logged(ours, "setpo/weight") == 0 and logged(ours, "setpo/active") == 0
+            assert (
+                logged(ours, "setpo/fallback_steps") == fallbacks
+                and logged(ours, "setpo/weight") == 0
+                and logged(ours, "setpo/active") == 0
+            )
             assert "setpo/set_score_mean" not in ours[0].info
 
         service = LocalServer(port=service.port).start()  # back on the same address
         base, ours = step(openrlhf, setpo, problems, strategy, tokenizer)
-        assert shaped(base, ours) and logged(ours, "setpo/fallback_steps") == 2 and logged(ours, "setpo/weight") == pytest.approx(0.1)
+        assert (
+            shaped(base, ours)
+            and logged(ours, "setpo/fallback_steps") == 2
+            and logged(ours, "setpo/weight") == pytest.approx(0.1)
+        )
     finally:
         service.stop()
 

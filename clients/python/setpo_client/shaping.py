@@ -66,8 +66,10 @@ class SetpoShaper:
             self.client.wait_until_ready(timeout=ready_timeout)
             self.info = self.client.info()
         except SetpoError as exc:
-            raise SetpoError(f"the SetPO service at {self.client.base_url} is not usable: {exc}. Start it (setpo-server), "
-                             "fix its URL or SETPO_API_KEY, or train without SetPO (weight 0 / enable=false).") from exc
+            raise SetpoError(
+                f"the SetPO service at {self.client.base_url} is not usable: {exc}. Start it (setpo-server), "
+                "fix its URL or SETPO_API_KEY, or train without SetPO (weight 0 / enable=false)."
+            ) from exc
         return self.info
 
     def score(self, groups: Sequence[Sequence], started: float | None = None) -> ShapedStep:
@@ -78,7 +80,11 @@ class SetpoShaper:
         bonus = [[0.0] * len(group) for group in groups]
         marginals: list[list[float] | None] | None = [None] * len(groups) if self.weight > 0 else None
         scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
-        metrics = {"setpo/duplicate_share": duplicate_share([[hashable(group[row]) for row in rows] for group, rows in zip(groups, scorable)])}
+        metrics = {
+            "setpo/duplicate_share": duplicate_share(
+                [[hashable(group[row]) for row in rows] for group, rows in zip(groups, scorable)]
+            )
+        }
         unscored, cut, requests = 0, 0, 0
         if self.weight > 0 and groups:
             try:
@@ -94,21 +100,27 @@ class SetpoShaper:
                         results.append(scored)
                 if results:
                     flat = [s for scored in results for s in scored.marginals]
-                    metrics.update({
-                        "setpo/set_score_mean": fmean(scored.set_score for scored in results),
-                        "setpo/marginal_mean": fmean(flat),
-                        "setpo/marginal_std": pstdev(flat),
-                        "setpo/saturation": fmean(scored.saturation for scored in results),
-                    })
-            except Exception as exc:  # noqa: BLE001  under skip nothing SetPO does may stop training (a NaN to encode included)
+                    metrics.update(
+                        {
+                            "setpo/set_score_mean": fmean(scored.set_score for scored in results),
+                            "setpo/marginal_mean": fmean(flat),
+                            "setpo/marginal_std": pstdev(flat),
+                            "setpo/saturation": fmean(scored.saturation for scored in results),
+                        }
+                    )
+            except Exception as exc:
                 if self.on_error == "fail":
                     log.error("SetPO scoring failed and on_error='fail': %s", exc)
                     raise SetpoError(f"SetPO scoring failed and on_error='fail': {exc}") from exc
                 self.fallback_steps += 1
                 self.info = None  # the service may have been redeployed with other limits: ask again next step
                 marginals = None
-                log.error("SetPO scoring failed: %s. Training this step with lambda = 0 (fallback step %d; on_error='skip')",
-                          exc, self.fallback_steps, exc_info=not isinstance(exc, SetpoError))
+                log.error(
+                    "SetPO scoring failed: %s. Training this step with lambda = 0 (fallback step %d; on_error='skip')",
+                    exc,
+                    self.fallback_steps,
+                    exc_info=not isinstance(exc, SetpoError),
+                )
         if marginals is not None:
             for index, rows in enumerate(scorable):
                 if marginals[index] is not None:
@@ -117,16 +129,18 @@ class SetpoShaper:
         self.unscored_groups += unscored
         shaped = marginals is not None and self.weight > 0 and any(g is not None for g in marginals)
         now = time.perf_counter()
-        metrics.update({
-            "setpo/active": 1.0 if shaped else 0.0,  # this step's advantages got lambda * s
-            "setpo/weight": self.weight if marginals is not None else 0.0,
-            "setpo/fallback_steps": float(self.fallback_steps),
-            "setpo/unscored_groups": float(unscored),
-            "setpo/unscored_groups_total": float(self.unscored_groups),
-            "setpo/cut_texts": float(cut),
-            "setpo/requests": float(requests),
-            "setpo/time_s": now - start,
-        })
+        metrics.update(
+            {
+                "setpo/active": 1.0 if shaped else 0.0,  # this step's advantages got lambda * s
+                "setpo/weight": self.weight if marginals is not None else 0.0,
+                "setpo/fallback_steps": float(self.fallback_steps),
+                "setpo/unscored_groups": float(unscored),
+                "setpo/unscored_groups_total": float(self.unscored_groups),
+                "setpo/cut_texts": float(cut),
+                "setpo/requests": float(requests),
+                "setpo/time_s": now - start,
+            }
+        )
         if self.previous_start is not None:  # a whole training step: from the previous step's start to now
             metrics["setpo/time_share"] = metrics["setpo/time_s"] / (now - self.previous_start)
         self.previous_start = start
@@ -138,7 +152,9 @@ def fit_step(groups: Sequence[Sequence], scorable: list[list[int]], info: Info, 
     unscored, texts cut). Sizes are measured with the client's own encoder, so they are the real body sizes."""
     limits = info.limits
     max_rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
-    chars = min(limits.max_text_chars, max_chars or info.truncate_chars or 8 * info.max_tokens)  # the server keeps no more
+    chars = min(
+        limits.max_text_chars, max_chars or info.truncate_chars or 8 * info.max_tokens
+    )  # the server keeps no more
     envelope = len(json_body({"groups": [], "weight": weight}))
     group_budget = limits.max_body_bytes - envelope  # the most one group's JSON may take
     fitted, unscored, cut = [], 0, 0
@@ -168,8 +184,11 @@ def fit_step(groups: Sequence[Sequence], scorable: list[list[int]], info: Info, 
     batches, batch, rows_in, bytes_in = [], [], 0, envelope
     for index, payload, rows, size in fitted:
         comma = 1 if batch else 0
-        if batch and (len(batch) + 1 > limits.max_groups or (limits.max_request_rows and rows_in + rows > limits.max_request_rows)
-                      or bytes_in + comma + size > limits.max_body_bytes):
+        if batch and (
+            len(batch) + 1 > limits.max_groups
+            or (limits.max_request_rows and rows_in + rows > limits.max_request_rows)
+            or bytes_in + comma + size > limits.max_body_bytes
+        ):
             batches.append(batch)
             batch, rows_in, bytes_in, comma = [], 0, envelope, 0
         batch.append((index, payload))

@@ -11,11 +11,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-
 # Fields a newer server reports and an older one lacks: optional here, so this client works with both (the
 # schema drift test holds them to the server's types).
 NEWER_SERVER_FIELDS = {
-    "Limits": {"max_request_rows", "max_embedding_inputs", "max_queue_tokens", "max_concurrent_requests", "receive_timeout"},
+    "Limits": {
+        "max_request_rows",
+        "max_embedding_inputs",
+        "max_queue_tokens",
+        "max_concurrent_requests",
+        "receive_timeout",
+    },
     "Info": {"threads", "truncate_chars"},
 }
 

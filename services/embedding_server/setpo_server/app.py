@@ -40,8 +40,13 @@ async def load_model(app: FastAPI) -> None:
         stop_process(app, app.state.load_error)
         return
     max_batch_tokens = resolve_batch_tokens(settings.max_batch_tokens, backend.device, backend.dtype)
-    app.state.batcher = Batcher(backend, max_batch_tokens, settings.max_queue_texts, settings.max_queue_tokens,
-                                on_failure=lambda reason: stop_process(app, reason))
+    app.state.batcher = Batcher(
+        backend,
+        max_batch_tokens,
+        settings.max_queue_texts,
+        settings.max_queue_tokens,
+        on_failure=lambda reason: stop_process(app, reason),
+    )
     metrics.READY.set(1)
     log.info("ready")
 

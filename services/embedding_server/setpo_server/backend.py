@@ -72,7 +72,9 @@ class Backend:
 
             transformer = self.model[0]
             if not isinstance(getattr(transformer, "model", None), torch.nn.Module):
-                raise ValueError(f"SETPO_COMPILE=true needs a transformers-backed model; {self.name} starts with {type(transformer).__name__}")
+                raise ValueError(
+                    f"SETPO_COMPILE=true needs a transformers-backed model; {self.name} starts with {type(transformer).__name__}"
+                )
             # Freezing turns the weights into graph constants, so inductor can pre-pack them and fold more around the
             # matrix multiplies (bias adds, GELU, layer norms); in one in-process A/B on short texts, compile without
             # freezing ran 1.24x slower than with it (docs/benchmarks.md sections 7-8).
@@ -80,24 +82,37 @@ class Backend:
             # dynamic: one graph for every batch size and length, not one per shape a request happens to bring
             transformer.model = torch.compile(transformer.model, dynamic=True)
         if not getattr(self.model.tokenizer, "is_fast", False):
-            raise ValueError(f"{self.name} has no fast (tokenizer.json) tokenizer; setpo-server needs one to cut texts once")
+            raise ValueError(
+                f"{self.name} has no fast (tokenizer.json) tokenizer; setpo-server needs one to cut texts once"
+            )
         self.model.tokenizer.truncation_side = settings.truncation_side
         self.max_tokens = int(self.model.max_seq_length)
         self.max_chars = CHARS_PER_TOKEN * self.max_tokens
         self.dimension = int(self.model.get_embedding_dimension())
         # what SentenceTransformer.encode would put before every text (a model's default prompt, usually none)
-        self.prompt = self.model.prompts.get(self.model.default_prompt_name, "") if self.model.default_prompt_name else ""
+        self.prompt = (
+            self.model.prompts.get(self.model.default_prompt_name, "") if self.model.default_prompt_name else ""
+        )
         self._tokenizer = copy.deepcopy(self.model.tokenizer)
         self._tokenizer_lock = threading.Lock()
-        log.info("loaded %s on %s (%s%s): dim %d, max %d tokens", self.name, self.device, self.dtype,
-                 ", compiling during the warm-up" if settings.compile else "", self.dimension, self.max_tokens)
+        log.info(
+            "loaded %s on %s (%s%s): dim %d, max %d tokens",
+            self.name,
+            self.device,
+            self.dtype,
+            ", compiling during the warm-up" if settings.compile else "",
+            self.dimension,
+            self.max_tokens,
+        )
 
     def tokenize(self, texts: list[str]) -> tuple[list[np.ndarray], list[bool]]:
         """Each text's input ids, cut to max_chars then max_tokens on the truncation side with its special tokens
         kept, and whether it was cut. int32 arrays: a full queue of token lists as Python ints would take 9x the
         memory. The batcher calls this on slices of a request, so no request holds the lock for long."""
         cut = [len(text) > self.max_chars for text in texts]
-        keep = slice(None, self.max_chars) if self._tokenizer.truncation_side == "right" else slice(-self.max_chars, None)
+        keep = (
+            slice(None, self.max_chars) if self._tokenizer.truncation_side == "right" else slice(-self.max_chars, None)
+        )
         texts = [text[keep] if long else text for text, long in zip(texts, cut)]
         with self._tokenizer_lock:
             encoded = self._tokenizer(
@@ -122,7 +137,9 @@ class Backend:
         """One forward pass over tokenised texts -> (n, dim) float32 CPU, unit length."""
         features = self.model.tokenizer.pad({"input_ids": ids}, return_tensors="pt")  # the model's padding side and id
         with torch.inference_mode():
-            embeddings = self.model.forward({name: tensor.to(self.device) for name, tensor in features.items()})["sentence_embedding"]
+            embeddings = self.model.forward({name: tensor.to(self.device) for name, tensor in features.items()})[
+                "sentence_embedding"
+            ]
         return torch.nn.functional.normalize(embeddings.float(), dim=-1).cpu()
 
     def warm_up(self) -> None:

@@ -17,9 +17,10 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -52,7 +53,12 @@ def resolve_batch_tokens(setting: int | str, device: str, dtype: torch.dtype) ->
 class Overloaded(Exception):
     def __init__(self, queued_texts: int, queued_tokens: int, setting: str, retry_after: int):
         super().__init__(f"{queued_texts} texts ({queued_tokens} tokens) are already queued")
-        self.queued_texts, self.queued_tokens, self.setting, self.retry_after = queued_texts, queued_tokens, setting, retry_after
+        self.queued_texts, self.queued_tokens, self.setting, self.retry_after = (
+            queued_texts,
+            queued_tokens,
+            setting,
+            retry_after,
+        )
 
 
 class TooLarge(Exception):
@@ -89,8 +95,14 @@ class _Job:
 
 
 class Batcher:
-    def __init__(self, backend: Backend, max_batch_tokens: int, max_queue_texts: int, max_queue_tokens: int,
-                 on_failure: Callable[[str], None] = lambda reason: None):
+    def __init__(
+        self,
+        backend: Backend,
+        max_batch_tokens: int,
+        max_queue_texts: int,
+        max_queue_tokens: int,
+        on_failure: Callable[[str], None] = lambda reason: None,
+    ):
         self.backend = backend
         self.max_batch_tokens = max_batch_tokens
         self.max_queue_texts = max_queue_texts
@@ -114,17 +126,23 @@ class Batcher:
         If the caller goes away, awaiting here is cancelled: tokenising stops at the next slice, and a queued
         job is dropped at the next batch."""
         if len(texts) > self.max_queue_texts:
-            raise TooLarge(f"request has {len(texts)} distinct texts, more than SETPO_MAX_QUEUE_TEXTS={self.max_queue_texts}; split it")
+            raise TooLarge(
+                f"request has {len(texts)} distinct texts, more than SETPO_MAX_QUEUE_TEXTS={self.max_queue_texts}; split it"
+            )
         self._check_room(len(texts), 0)  # cheap refusal before spending CPU on tokenising
         ids, truncated = [], []
         for start in range(0, len(texts), TOKENIZE_SLICE):
-            slice_ids, slice_truncated = await run_in_threadpool(self.backend.tokenize, texts[start : start + TOKENIZE_SLICE])
+            slice_ids, slice_truncated = await run_in_threadpool(
+                self.backend.tokenize, texts[start : start + TOKENIZE_SLICE]
+            )
             ids += slice_ids
             truncated += slice_truncated
         tokens = [len(row) for row in ids]
         total = sum(tokens)
         if total > self.max_queue_tokens:
-            raise TooLarge(f"request has {total} tokens, more than SETPO_MAX_QUEUE_TOKENS={self.max_queue_tokens}; split it")
+            raise TooLarge(
+                f"request has {total} tokens, more than SETPO_MAX_QUEUE_TOKENS={self.max_queue_tokens}; split it"
+            )
         self._check_room(len(texts), total)
         metrics.TEXTS_TRUNCATED.inc(sum(truncated))
 
@@ -243,7 +261,9 @@ class Batcher:
             self._trimmed_at = time.monotonic()
         # A moving average: one tiny, overhead-bound batch must not make the Retry-After estimate absurd
         measured = sum(len(row) for row in ids) / max(time.perf_counter() - start_time, 1e-6)
-        self._tokens_per_second = measured if not self._tokens_per_second else 0.8 * self._tokens_per_second + 0.2 * measured
+        self._tokens_per_second = (
+            measured if not self._tokens_per_second else 0.8 * self._tokens_per_second + 0.2 * measured
+        )
         return rows
 
     def _worker_ended(self, task: asyncio.Task) -> None:

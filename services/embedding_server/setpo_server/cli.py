@@ -15,7 +15,9 @@ def main() -> None:
 
     keep_freed_memory()  # before uvicorn and the model start threads: glibc fixes its heap count at the first one
     if any(arg.split("=")[0] == "--api-key" for arg in sys.argv[1:]):
-        sys.exit("setpo-server: the API key is read from SETPO_API_KEY only: a command line is visible to every user (ps)")
+        sys.exit(
+            "setpo-server: the API key is read from SETPO_API_KEY only: a command line is visible to every user (ps)"
+        )
     try:
         settings = Settings(_cli_parse_args=sys.argv[1:])  # flags over SETPO_* variables; --help prints them all
     except ValidationError as exc:
@@ -23,7 +25,9 @@ def main() -> None:
         sys.exit(f"setpo-server: bad setting: {problems}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A misspelt setting would otherwise be ignored without a word. Clients share the prefix (SETPO_URL), so warn.
-    unknown = sorted(name for name in os.environ if name.startswith("SETPO_") and name[6:].lower() not in Settings.model_fields)
+    unknown = sorted(
+        name for name in os.environ if name.startswith("SETPO_") and name[6:].lower() not in Settings.model_fields
+    )
     if unknown:
         logging.getLogger("setpo_server").warning("not settings of setpo-server, ignored: %s", ", ".join(unknown))
     threads = use_threads(settings.threads)  # before the model and the tokenizer build their pools
@@ -33,8 +37,11 @@ def main() -> None:
     app = create_app(settings, threads)
     # One process: the model lives once in memory, and the batcher sees every request to coalesce them.
     # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits.
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                                           timeout_graceful_shutdown=30))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=30
+        )
+    )
     app.state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below
     server.run()
     if app.state.fatal:

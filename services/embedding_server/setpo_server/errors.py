@@ -15,8 +15,15 @@ log = logging.getLogger("setpo_server")
 class ApiError(Exception):
     """An error meant for the caller: status, a message that says what to do, and the field at fault."""
 
-    def __init__(self, status: int, message: str, type: str, param: str | None = None, retry_after: int | None = None,
-                 unread_body: bool = False):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str,
+        param: str | None = None,
+        retry_after: int | None = None,
+        unread_body: bool = False,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
         self.headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
@@ -42,7 +49,13 @@ def field_path(loc: tuple) -> str:
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0]
     if first["type"] == "json_invalid":
-        return error_response(ApiError(400, f"body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", "invalid_request_error"))
+        return error_response(
+            ApiError(
+                400,
+                f"body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
+                "invalid_request_error",
+            )
+        )
     messages = []
     for err in exc.errors()[:5]:
         # routes validate the raw JSON, whose messages say "array" where FastAPI's Python-mode ones said "list"
@@ -60,12 +73,16 @@ def body_too_large(limit: int) -> ApiError:
 
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     kinds = {404: "not_found", 405: "method_not_allowed"}
-    return error_response(ApiError(exc.status_code, str(exc.detail), kinds.get(exc.status_code, "invalid_request_error")))
+    return error_response(
+        ApiError(exc.status_code, str(exc.detail), kinds.get(exc.status_code, "invalid_request_error"))
+    )
 
 
 def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(ApiError(500, f"internal error ({type(exc).__name__}); the service keeps serving", "internal_error"))
+    return error_response(
+        ApiError(500, f"internal error ({type(exc).__name__}); the service keeps serving", "internal_error")
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

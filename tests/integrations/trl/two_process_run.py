@@ -34,11 +34,28 @@ def record_loss(self, model, inputs, *args, **kwargs):
 
 GRPOTrainer._generate_and_score_completions, GRPOTrainer.compute_loss = record_generate, record_loss
 # 2 completions per process and 4 generations per prompt: the step's one group straddles the two processes
-args = GRPOConfig(output_dir=out, per_device_train_batch_size=2, num_generations=4, max_completion_length=10, max_steps=1,
-                  learning_rate=1e-4, beta=0.0, report_to=[], use_cpu=True, save_strategy="no", seed=0)
-trainer = SetpoGRPOTrainer(model=model_path, reward_funcs=lambda completions, **kw: [float(len(c) % 3) for c in completions], args=args,
-                           train_dataset=Dataset.from_dict({"prompt": ["What is 2 + 3?", "Name a prime."] * 4}),
-                           setpo_client=SetpoClient(url, max_retries=0), setpo_weight=0.5, setpo_on_error=on_error)
+args = GRPOConfig(
+    output_dir=out,
+    per_device_train_batch_size=2,
+    num_generations=4,
+    max_completion_length=10,
+    max_steps=1,
+    learning_rate=1e-4,
+    beta=0.0,
+    report_to=[],
+    use_cpu=True,
+    save_strategy="no",
+    seed=0,
+)
+trainer = SetpoGRPOTrainer(
+    model=model_path,
+    reward_funcs=lambda completions, **kw: [float(len(c) % 3) for c in completions],
+    args=args,
+    train_dataset=Dataset.from_dict({"prompt": ["What is 2 + 3?", "Name a prime."] * 4}),
+    setpo_client=SetpoClient(url, max_retries=0),
+    setpo_weight=0.5,
+    setpo_on_error=on_error,
+)
 rank = trainer.accelerator.process_index
 try:
     trainer.train()

@@ -26,5 +26,9 @@ def smollm2_tokenizer_folder():
     try:
         return smollm2_path()
     except RuntimeError:
-        subprocess.run([str(ROOT_VENV_PYTHON), "-c", "from setpo_trainer.models import smollm2_path; smollm2_path()"], check=True, timeout=600)
+        subprocess.run(
+            [str(ROOT_VENV_PYTHON), "-c", "from setpo_trainer.models import smollm2_path; smollm2_path()"],
+            check=True,
+            timeout=600,
+        )
         return smollm2_path()

@@ -3,16 +3,16 @@
 import numpy as np
 import pytest
 import torch
+import verl  # noqa: F401  (loads the plug-in through veRL's own entry-point discovery)
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
-
-import verl  # noqa: F401  (loads the plug-in through veRL's own entry-point discovery)
-from setpo_client import SetpoError
-from setpo_server.local import free_port
-from setpo_trainer.models import smollm2_path
 from verl import DataProto
 from verl.trainer.ppo import ray_trainer
 from verl.trainer.ppo.core_algos import AdvantageEstimator
+
+from setpo_client import SetpoError
+from setpo_server.local import free_port
+from setpo_trainer.models import smollm2_path
 
 G = 4
 ANSWERS = [
@@ -42,8 +42,14 @@ def rollout_batch(tokenizer, rewards: list[list[float]]) -> DataProto:
         scores[row, len(tokens) - 1] = reward
     uids = np.array([f"prompt-{g}" for g in range(len(ANSWERS)) for _ in range(G)], dtype=object)
     prompts = torch.ones(len(ids), 2, dtype=torch.long)  # (B, P), what the data metrics read
-    tensors = {"prompts": prompts, "responses": responses, "response_mask": mask, "attention_mask": torch.cat([torch.ones_like(prompts), mask.long()], 1),
-               "token_level_scores": scores, "token_level_rewards": scores}
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": mask,
+        "attention_mask": torch.cat([torch.ones_like(prompts), mask.long()], 1),
+        "token_level_scores": scores,
+        "token_level_rewards": scores,
+    }
     return DataProto.from_dict(tensors=tensors, non_tensors={"uid": uids})
 
 
@@ -55,8 +61,13 @@ def algorithm(norm_by_std: bool = True, **setpo) -> object:
 
 
 def advantages(data: DataProto, config) -> torch.Tensor:
-    out = ray_trainer.compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO, num_repeat=G,
-                                        norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo, config=config)
+    out = ray_trainer.compute_advantage(
+        data,
+        adv_estimator=AdvantageEstimator.GRPO,
+        num_repeat=G,
+        norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
+        config=config,
+    )
     return out.batch["advantages"], out
 
 
@@ -70,11 +81,15 @@ def test_every_response_token_gets_weight_times_the_services_marginal(tokenizer,
     shaped, out = advantages(rollout_batch(tokenizer, REWARDS), algorithm(norm_by_std, **settings))
     mask = out.batch["response_mask"]
     marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in ANSWERS]).groups for s in g.marginals])
-    assert torch.allclose(shaped - base, 0.2 * marginals[:, None] * mask, atol=1e-6)  # + lambda*s on tokens, 0 on padding
+    assert torch.allclose(
+        shaped - base, 0.2 * marginals[:, None] * mask, atol=1e-6
+    )  # + lambda*s on tokens, 0 on padding
     assert (mask == 0).any() and torch.equal((shaped - base)[mask == 0], torch.zeros(int((mask == 0).sum())))
     assert out.meta_info["setpo_metrics"]["setpo/weight"] == 0.2
     merged = ray_trainer.compute_data_metrics(batch=out, use_critic=False)  # reaches veRL's metrics of the step
-    assert merged["setpo/set_score_mean"] == pytest.approx(sum(g.set_score for g in client.diversity([{"texts": g} for g in ANSWERS]).groups) / 3, abs=1e-6)
+    assert merged["setpo/set_score_mean"] == pytest.approx(
+        sum(g.set_score for g in client.diversity([{"texts": g} for g in ANSWERS]).groups) / 3, abs=1e-6
+    )
 
 
 def test_off_or_absent_reproduces_verl_exactly(tokenizer):
@@ -82,7 +97,9 @@ def test_off_or_absent_reproduces_verl_exactly(tokenizer):
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     data = rollout_batch(tokenizer, REWARDS)
-    expected, _ = compute_grpo_outcome_advantage(data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"])
+    expected, _ = compute_grpo_outcome_advantage(
+        data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"]
+    )
     for config in (algorithm(), algorithm(enable=False, url="http://unused")):
         got, out = advantages(rollout_batch(tokenizer, REWARDS), config)
         assert torch.equal(got, expected) and "setpo_metrics" not in out.meta_info
@@ -95,18 +112,30 @@ def test_groups_follow_uid_not_row_order(tokenizer, server, client):
     settings = {"enable": True, "url": server.url, "weight": 1.0, "tokenizer": str(smollm2_path())}
     base, _ = advantages(data.select_idxs(order), algorithm())
     shaped, _ = advantages(shuffled, algorithm(**settings))
-    marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in ANSWERS]).groups for s in g.marginals])[order]
+    marginals = torch.tensor(
+        [s for g in client.diversity([{"texts": g} for g in ANSWERS]).groups for s in g.marginals]
+    )[order]
     assert torch.allclose((shaped - base).sum(-1) / shuffled.batch["response_mask"].sum(-1), marginals, atol=1e-6)
 
 
 def test_service_down_skip_trains_on_verls_advantages_and_fail_raises(tokenizer):
     down = f"http://127.0.0.1:{free_port()}"
     base, _ = advantages(rollout_batch(tokenizer, REWARDS), algorithm())
-    skip = {"enable": True, "url": down, "weight": 0.2, "tokenizer": str(smollm2_path()), "on_error": "skip", "timeout": 2}
+    skip = {
+        "enable": True,
+        "url": down,
+        "weight": 0.2,
+        "tokenizer": str(smollm2_path()),
+        "on_error": "skip",
+        "timeout": 2,
+    }
     shaped, out = advantages(rollout_batch(tokenizer, REWARDS), algorithm(**skip))
     assert torch.equal(shaped, base) and out.meta_info["setpo_metrics"]["setpo/fallback_steps"] >= 1
     with pytest.raises(SetpoError, match="on_error='fail'"):
-        advantages(rollout_batch(tokenizer, REWARDS), algorithm(**{**skip, "on_error": "fail", "url": f"http://127.0.0.1:{free_port()}"}))
+        advantages(
+            rollout_batch(tokenizer, REWARDS),
+            algorithm(**{**skip, "on_error": "fail", "url": f"http://127.0.0.1:{free_port()}"}),
+        )
 
 
 def test_clear_errors_for_incomplete_settings(tokenizer):

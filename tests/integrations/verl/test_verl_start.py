@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import verl
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from verl.trainer.ppo.v1 import get_trainer_cls
 
-import verl
 from setpo_client import SetpoError
 from setpo_client.integrations.verl import check_start
 from setpo_server.local import LocalServer, free_port
-from verl.trainer.ppo.v1 import get_trainer_cls
 
 from .conftest import ROOT_VENV_PYTHON
 
@@ -25,7 +25,10 @@ KEY = "verl-secret-key-5f2b9c"
 def verl_config(*overrides):
     """veRL's own ppo_trainer config, as `python -m verl.trainer.main_ppo <overrides>` composes it."""
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=3", *overrides])
+        return compose(
+            config_name="ppo_trainer",
+            overrides=["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=3", *overrides],
+        )
 
 
 def setpo(url, *more):
@@ -38,11 +41,15 @@ def keyed_server():
         yield running
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["actor_rollout_ref.rollout.n=2"], r"rollout.n >= 3"),
-    (["algorithm.adv_estimator=gae"], r"group advantage estimator"),
-    (["+algorithm.setpo.api_key=abc"], r"api_key is refused"),
-], ids=["n<3", "not-a-group-estimator", "key-in-config"])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["actor_rollout_ref.rollout.n=2"], r"rollout.n >= 3"),
+        (["algorithm.adv_estimator=gae"], r"group advantage estimator"),
+        (["+algorithm.setpo.api_key=abc"], r"api_key is refused"),
+    ],
+    ids=["n<3", "not-a-group-estimator", "key-in-config"],
+)
 def test_the_real_v1_trainer_refuses_settings_setpo_cannot_work_with(server, overrides, match):
     config = verl_config(*setpo(server.url), *overrides)
     with pytest.raises(ValueError, match=match):
@@ -67,7 +74,9 @@ def test_a_trainer_whose_advantage_step_bypasses_the_plug_in_is_refused(server):
         CustomTrainer(config=verl_config(*setpo(server.url)))
 
 
-def test_a_good_start_logs_the_limits_and_the_key_appears_in_no_printed_config_or_log(keyed_server, monkeypatch, caplog, capsys):
+def test_a_good_start_logs_the_limits_and_the_key_appears_in_no_printed_config_or_log(
+    keyed_server, monkeypatch, caplog, capsys
+):
     monkeypatch.setenv("SETPO_API_KEY", KEY)
     config = verl_config(*setpo(keyed_server.url, "+algorithm.setpo.weight=0.12"))
     with caplog.at_level(logging.DEBUG):
@@ -80,17 +89,30 @@ def test_a_good_start_logs_the_limits_and_the_key_appears_in_no_printed_config_o
 def test_a_plug_in_that_cannot_install_stops_a_run_that_enables_setpo():
     # veRL moved the method the plug-in wraps (as a later version may): with SetPO on the command line the
     # run must stop; without it, veRL runs on and only a warning says the plug-in is unavailable
-    script = ("import importlib, sys\n"
-              "import verl\n"
-              "from verl.trainer.ppo.v1 import trainer_base\n"
-              "del trainer_base.PPOTrainer._compute_advantage\n"
-              "sys.argv[1:] = sys.argv[1:]\n"
-              "importlib.import_module('setpo_client.integrations.verl')\n"
-              "print('trained on')\n")
-    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}  # the plug-in is then loaded by the script, after the move
-    on = subprocess.run([sys.executable, "-c", script, "+algorithm.setpo.enable=true"], env=env, capture_output=True, text=True, timeout=300)
+    script = (
+        "import importlib, sys\n"
+        "import verl\n"
+        "from verl.trainer.ppo.v1 import trainer_base\n"
+        "del trainer_base.PPOTrainer._compute_advantage\n"
+        "sys.argv[1:] = sys.argv[1:]\n"
+        "importlib.import_module('setpo_client.integrations.verl')\n"
+        "print('trained on')\n"
+    )
+    env = {
+        **os.environ,
+        "VERL_USE_EXTERNAL_PLUGINS": "none",
+    }  # the plug-in is then loaded by the script, after the move
+    on = subprocess.run(
+        [sys.executable, "-c", script, "+algorithm.setpo.enable=true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert on.returncode != 0 and "SetPO is enabled" in on.stderr and "trained on" not in on.stdout
-    off = subprocess.run([sys.executable, "-c", script, "trainer.total_epochs=1"], env=env, capture_output=True, text=True, timeout=300)
+    off = subprocess.run(
+        [sys.executable, "-c", script, "trainer.total_epochs=1"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert off.returncode == 0 and "trained on" in off.stdout and "could not install itself" in off.stderr
 
 

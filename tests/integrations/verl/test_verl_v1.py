@@ -7,14 +7,14 @@ import types
 import pytest
 import ray
 import torch
+import verl  # noqa: F401  (loads the plug-in)
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
-
-import verl  # noqa: F401  (loads the plug-in)
-from setpo_trainer.models import smollm2_path
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.agent_loop_tq import list_of_dict_to_tensordict
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+from setpo_trainer.models import smollm2_path
 
 ANSWERS = {"p0": ["48 / 2 = 24, so 72", "1.5 * 48 = 72", "48 / 2 = 24, so 72"], "p1": ["five", "2 + 3 = 5", "it is 5"]}
 REWARDS = {"p0": [1.0, 0.0, 1.0], "p1": [0.0, 1.0, 1.0]}
@@ -42,26 +42,46 @@ def put_rollouts(tq, tokenizer, partition: str, rows=None, off_policy=()):
     """Rows as veRL's agent loop stores them: key {uid}_{session}_{index}, nested responses and scores, the
     rollout's and the trainer's log-probs. rows: (uid, session, index, text, reward); default one output per
     session of ANSWERS. off_policy: keys whose rollout log-probs are far from the trainer's (rejected by RS)."""
-    rows = rows or [(uid, s, 0, text, REWARDS[uid][s]) for uid, texts in ANSWERS.items() for s, text in enumerate(texts)]
+    rows = rows or [
+        (uid, s, 0, text, REWARDS[uid][s]) for uid, texts in ANSWERS.items() for s, text in enumerate(texts)
+    ]
     keys, fields = [], []
     for uid, session, index, text, reward in rows:
         ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
         # a multi-turn row: the policy's answer, then a tool's output that response_mask leaves out
-        tool = torch.tensor(tokenizer(f" [tool output {uid} {session}: 42 rows]", add_special_tokens=False)["input_ids"])
+        tool = torch.tensor(
+            tokenizer(f" [tool output {uid} {session}: 42 rows]", add_special_tokens=False)["input_ids"]
+        )
         scores = torch.zeros(len(ids) + len(tool))
         scores[len(ids) - 1] = reward
         mask = torch.cat([torch.ones_like(ids), torch.zeros_like(tool)])
         key = f"{uid}_{session}_{index}"
         log_probs = torch.full((len(mask),), -1.0)
         keys.append(key)
-        fields.append({"uid": uid, "responses": torch.cat([ids, tool]), "response_mask": mask, "rm_scores": scores, "old_log_probs": log_probs,
-                       "rollout_log_probs": log_probs - 3.0 if key in off_policy else log_probs})
+        fields.append(
+            {
+                "uid": uid,
+                "responses": torch.cat([ids, tool]),
+                "response_mask": mask,
+                "rm_scores": scores,
+                "old_log_probs": log_probs,
+                "rollout_log_probs": log_probs - 3.0 if key in off_policy else log_probs,
+            }
+        )
     tags = [{"is_padding": False} for _ in keys]
-    return tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), partition_id=partition, tags=tags), keys
+    return tq.kv_batch_put(
+        keys=keys, fields=list_of_dict_to_tensordict(fields), partition_id=partition, tags=tags
+    ), keys
 
 
 def trainer(tokenizer, rollout_correction=None, **setpo):
-    algorithm = {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False}
+    algorithm = {
+        "adv_estimator": "grpo",
+        "gamma": 1.0,
+        "lam": 1.0,
+        "norm_adv_by_std_in_grpo": True,
+        "use_kl_in_reward": False,
+    }
     if rollout_correction:
         algorithm["rollout_correction"] = rollout_correction
     if setpo:
@@ -90,13 +110,17 @@ def base_and_shaped(tq, tokenizer, name, rows=None, pad_to=None, **kwargs):
         if pad_to:  # veRL's own synthetic padding rows, as the trainer adds them to make the batch divisible
             meta = upsample_batch_to_divisible_size(meta, pad_to, tokenizer.eos_token_id)
         metrics = {}
-        PPOTrainer._compute_advantage(trainer(tokenizer, kwargs.get("rollout_correction"), **setpo), meta, metrics=metrics)
+        PPOTrainer._compute_advantage(
+            trainer(tokenizer, kwargs.get("rollout_correction"), **setpo), meta, metrics=metrics
+        )
         results.append((advantages_per_row(tq, meta.keys, partition), metrics, meta.keys))
     (base, _, keys), (shaped, metrics, _) = results
     return base, shaped, metrics, keys
 
 
-def test_v1_advantage_step_adds_weight_times_marginals_through_transfer_queue(transfer_queue, tokenizer, server, client):
+def test_v1_advantage_step_adds_weight_times_marginals_through_transfer_queue(
+    transfer_queue, tokenizer, server, client
+):
     base, shaped, metrics, _ = base_and_shaped(transfer_queue, tokenizer, "plain", url=server.url)
     marginals = [s for g in client.diversity([{"texts": t} for t in ANSWERS.values()]).groups for s in g.marginals]
     assert shaped == pytest.approx([b + WEIGHT * s for b, s in zip(base, marginals)], abs=1e-6)
@@ -118,28 +142,45 @@ def test_a_group_left_short_by_a_failed_session_gets_zero_and_is_counted(transfe
     rows += [("p1", s, 0, text, REWARDS["p1"][s]) for s, text in enumerate(ANSWERS["p1"])]
     base, shaped, metrics, _ = base_and_shaped(transfer_queue, tokenizer, "short", rows=rows, url=server.url)
     marginals = client.diversity([{"texts": ANSWERS["p1"]}]).groups[0].marginals
-    assert shaped[:2] == base[:2] and shaped[2:] == pytest.approx([b + WEIGHT * s for b, s in zip(base[2:], marginals)], abs=1e-6)
+    assert shaped[:2] == base[:2] and shaped[2:] == pytest.approx(
+        [b + WEIGHT * s for b, s in zip(base[2:], marginals)], abs=1e-6
+    )
     assert metrics["setpo/unscored_groups"] == 1 and metrics["setpo/active"] == 1
 
 
-def test_a_multi_output_session_is_one_member_its_final_output_with_its_bonus_on_every_row(transfer_queue, tokenizer, server, client):
+def test_a_multi_output_session_is_one_member_its_final_output_with_its_bonus_on_every_row(
+    transfer_queue, tokenizer, server, client
+):
     first_turn = "let me think: 48 halves to 24"
     rows = [("p0", 0, 0, first_turn, 0.0), ("p0", 0, 1, ANSWERS["p0"][0], 1.0)]  # session 0: two outputs, index 1 final
     rows += [("p0", s, 0, ANSWERS["p0"][s], REWARDS["p0"][s]) for s in (1, 2)]
     rows += [("p1", s, 0, text, REWARDS["p1"][s]) for s, text in enumerate(ANSWERS["p1"])]
     base, shaped, metrics, _ = base_and_shaped(transfer_queue, tokenizer, "multi", rows=rows, url=server.url)
-    marginals = [g.marginals for g in client.diversity([{"texts": t} for t in ANSWERS.values()]).groups]  # groups of n = 3 sessions
+    marginals = [
+        g.marginals for g in client.diversity([{"texts": t} for t in ANSWERS.values()]).groups
+    ]  # groups of n = 3 sessions
     per_row = [marginals[0][0], marginals[0][0], marginals[0][1], marginals[0][2], *marginals[1]]
     assert shaped == pytest.approx([b + WEIGHT * s for b, s in zip(base, per_row)], abs=1e-6)
     assert metrics["setpo/unscored_groups"] == 0
 
 
 def test_rows_rejected_by_rollout_correction_are_not_sent(transfer_queue, tokenizer, server, client):
-    rows = [("p0", s, 0, text, REWARDS["p0"][s]) for s, text in enumerate(ANSWERS["p0"])] + [("p0", 3, 0, "seventy-two", 1.0)]
+    rows = [("p0", s, 0, text, REWARDS["p0"][s]) for s, text in enumerate(ANSWERS["p0"])] + [
+        ("p0", 3, 0, "seventy-two", 1.0)
+    ]
     rows += [("p1", s, 0, text, REWARDS["p1"][s]) for s, text in enumerate(ANSWERS["p1"])]
     correction = {"rollout_rs": "seq_max_k2", "rollout_rs_threshold": 1.0}
-    base, shaped, metrics, _ = base_and_shaped(transfer_queue, tokenizer, "rejected", rows=rows, url=server.url,
-                                               off_policy={"p0_3_0"}, rollout_correction=correction)
-    marginals = [g.marginals for g in client.diversity([{"texts": t} for t in ANSWERS.values()]).groups]  # without the rejected row
+    base, shaped, metrics, _ = base_and_shaped(
+        transfer_queue,
+        tokenizer,
+        "rejected",
+        rows=rows,
+        url=server.url,
+        off_policy={"p0_3_0"},
+        rollout_correction=correction,
+    )
+    marginals = [
+        g.marginals for g in client.diversity([{"texts": t} for t in ANSWERS.values()]).groups
+    ]  # without the rejected row
     expected = [b + WEIGHT * s for b, s in zip(base, [*marginals[0], 0.0, *marginals[1]])]
     assert shaped == pytest.approx(expected, abs=1e-6) and metrics["setpo/unscored_groups"] == 0

@@ -38,17 +38,32 @@ TESTED_VERSIONS = ("1.16.",)  # TRL versions whose _generate_and_score_completio
 
 
 class SetpoGRPOTrainer(GRPOTrainer):
-    def __init__(self, *args, setpo_client: SetpoClient, setpo_weight: float = 0.05, setpo_on_error: OnError = "skip",
-                 setpo_max_chars: int | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        setpo_client: SetpoClient,
+        setpo_weight: float = 0.05,
+        setpo_on_error: OnError = "skip",
+        setpo_max_chars: int | None = None,
+        **kwargs,
+    ):
         # the hook must still be TRL's own seam, or this subclass would add a method nobody calls
         if "_generate_and_score_completions" not in vars(GRPOTrainer):
-            raise RuntimeError(f"TRL {trl.__version__} has no GRPOTrainer._generate_and_score_completions: SetpoGRPOTrainer "
-                               f"would train without SetPO. Use TRL {' / '.join(v + 'x' for v in TESTED_VERSIONS)}.")
+            raise RuntimeError(
+                f"TRL {trl.__version__} has no GRPOTrainer._generate_and_score_completions: SetpoGRPOTrainer "
+                f"would train without SetPO. Use TRL {' / '.join(v + 'x' for v in TESTED_VERSIONS)}."
+            )
         if not trl.__version__.startswith(TESTED_VERSIONS):
-            log.warning("SetpoGRPOTrainer was tested with TRL %s; this is %s", " / ".join(v + "x" for v in TESTED_VERSIONS), trl.__version__)
+            log.warning(
+                "SetpoGRPOTrainer was tested with TRL %s; this is %s",
+                " / ".join(v + "x" for v in TESTED_VERSIONS),
+                trl.__version__,
+            )
         super().__init__(*args, **kwargs)
         if setpo_weight > 0 and self.num_generations < 3:  # fail now, not after the first generation round
-            raise ValueError(f"SetPO needs num_generations >= 3 (leave-one-out needs pairs left), got {self.num_generations}")
+            raise ValueError(
+                f"SetPO needs num_generations >= 3 (leave-one-out needs pairs left), got {self.num_generations}"
+            )
         self.setpo = SetpoShaper(setpo_client, setpo_weight, setpo_on_error, setpo_max_chars)
 
     def _generate_and_score_completions(self, inputs):
@@ -57,9 +72,13 @@ class SetpoGRPOTrainer(GRPOTrainer):
             return output
         started = time.perf_counter()
         # the tokens the loss trains on: tool and environment output (tool_mask 0) and padding are left out
-        mask = output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]  # (B, T)
-        local = [self.processing_class.decode(ids[row.bool()], skip_special_tokens=True) if row.any() else None
-                 for ids, row in zip(output["completion_ids"], mask)]
+        mask = (
+            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
+        )  # (B, T)
+        local = [
+            self.processing_class.decode(ids[row.bool()], skip_special_tokens=True) if row.any() else None
+            for ids, row in zip(output["completion_ids"], mask)
+        ]
         texts = gather_object(local)  # every process's completions, in TRL's gather order: groups are consecutive
         size = self.num_generations
         payload, error = [None], None
@@ -67,7 +86,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
             try:
                 step = self.setpo.score([texts[i : i + size] for i in range(0, len(texts), size)], started=started)
                 payload = [([b for group in step.bonus for b in group], step.metrics)]
-            except Exception as exc:  # noqa: BLE001  every process must stop, or the others wait in the broadcast
+            except Exception as exc:
                 error, payload = exc, [f"{type(exc).__name__}: {exc}"]
         result = broadcast_object_list(payload, from_process=0)[0]
         if error is not None:
@@ -76,13 +95,15 @@ class SetpoGRPOTrainer(GRPOTrainer):
             raise SetpoError(f"SetPO scoring failed on the main process: {result}")
         bonus, metrics = result
         offset = self.accelerator.process_index * len(local)
-        shaping = torch.tensor(bonus[offset : offset + len(local)], dtype=output["advantages"].dtype, device=output["advantages"].device)
+        shaping = torch.tensor(
+            bonus[offset : offset + len(local)], dtype=output["advantages"].dtype, device=output["advantages"].device
+        )
         output["advantages"] = output["advantages"] + shaping  # (local B,)
 
         # TRL's completions table logged every process's advantages before shaping, last: show the shaped ones
         logged = self._logs["advantages"]
         before = [logged.pop() for _ in range(min(len(bonus), len(logged)))][::-1]
-        logged.extend(a + b for a, b in zip(before, bonus[len(bonus) - len(before):]))
+        logged.extend(a + b for a, b in zip(before, bonus[len(bonus) - len(before) :]))
         for name, value in metrics.items():
             self._metrics["train"][name].append(value)
         return output

@@ -46,7 +46,17 @@ from setpo_client.shaping import SetpoShaper
 log = logging.getLogger("setpo_client.verl")
 TESTED_VERSIONS = ("0.9.",)  # veRL versions whose advantage steps this plug-in was tested against
 # estimators that compare a prompt's samples with each other: SetPO's bonus is defined on those groups
-GROUP_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg", "reinforce_plus_plus_baseline", "gdpo")
+GROUP_ESTIMATORS = (
+    "grpo",
+    "grpo_vectorized",
+    "grpo_passk",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "gpg",
+    "reinforce_plus_plus_baseline",
+    "gdpo",
+)
 _shapers: dict[tuple, SetpoShaper] = {}
 
 
@@ -56,8 +66,10 @@ def setpo_settings(algorithm_config) -> dict | None:
     if not block or not block.get("enable", False):
         return None
     if "api_key" in block:
-        raise ValueError("+algorithm.setpo.api_key is refused: veRL prints its config and sends it to its trackers. "
-                         "Set SETPO_API_KEY in the environment of the run instead.")
+        raise ValueError(
+            "+algorithm.setpo.api_key is refused: veRL prints its config and sends it to its trackers. "
+            "Set SETPO_API_KEY in the environment of the run instead."
+        )
     if not block.get("url"):
         raise ValueError("algorithm.setpo.enable=true needs +algorithm.setpo.url=<setpo service URL>")
     return dict(block)
@@ -68,7 +80,9 @@ def shaper_for(settings: dict) -> SetpoShaper:
     key = tuple(sorted((k, str(v)) for k, v in settings.items()))
     if key not in _shapers:
         client = SetpoClient(settings["url"], timeout=float(settings.get("timeout", 60.0)))  # key: $SETPO_API_KEY
-        _shapers[key] = SetpoShaper(client, float(settings.get("weight", 0.05)), settings.get("on_error", "skip"), settings.get("max_chars"))
+        _shapers[key] = SetpoShaper(
+            client, float(settings.get("weight", 0.05)), settings.get("on_error", "skip"), settings.get("max_chars")
+        )
     return _shapers[key]
 
 
@@ -83,23 +97,39 @@ def check_start(config, trainer_class) -> None:
     # v1 trainers call self._compute_advantage; the legacy one calls ray_trainer.compute_advantage
     step = getattr(trainer_class, "_compute_advantage", None) or ray_trainer.compute_advantage
     if not getattr(step, "setpo_wrapped", False):
-        raise RuntimeError(f"SetPO is enabled but {trainer_class.__name__}'s advantage step is not the plug-in's: "
-                           "this trainer would train without SetPO. Use veRL's own trainers, or disable SetPO.")
+        raise RuntimeError(
+            f"SetPO is enabled but {trainer_class.__name__}'s advantage step is not the plug-in's: "
+            "this trainer would train without SetPO. Use veRL's own trainers, or disable SetPO."
+        )
     if not verl.__version__.startswith(TESTED_VERSIONS):
-        log.warning("SetPO's veRL plug-in was tested with veRL %s; this is %s", " / ".join(f"{v}x" for v in TESTED_VERSIONS), verl.__version__)
+        log.warning(
+            "SetPO's veRL plug-in was tested with veRL %s; this is %s",
+            " / ".join(f"{v}x" for v in TESTED_VERSIONS),
+            verl.__version__,
+        )
     n, estimator = config.actor_rollout_ref.rollout.n, str(config.algorithm.adv_estimator)
     if n < 3:
         raise ValueError(f"SetPO needs actor_rollout_ref.rollout.n >= 3 (leave-one-out marginals), got {n}")
     if estimator not in GROUP_ESTIMATORS:
-        raise ValueError(f"SetPO needs a group advantage estimator ({', '.join(GROUP_ESTIMATORS)}); got algorithm.adv_estimator={estimator}")
+        raise ValueError(
+            f"SetPO needs a group advantage estimator ({', '.join(GROUP_ESTIMATORS)}); got algorithm.adv_estimator={estimator}"
+        )
     info = shaper_for(settings).check(ready_timeout=float(settings.get("ready_timeout", 120.0)))
-    log.info("SetPO on: lambda=%s with %s at %s (groups of %d; the service takes %d groups of at most %d a request, %d bytes)",
-             settings.get("weight", 0.05), info.model, settings["url"], n, info.limits.max_groups, info.limits.max_group_size,
-             info.limits.max_body_bytes)
+    log.info(
+        "SetPO on: lambda=%s with %s at %s (groups of %d; the service takes %d groups of at most %d a request, %d bytes)",
+        settings.get("weight", 0.05),
+        info.model,
+        settings["url"],
+        n,
+        info.limits.max_groups,
+        info.limits.max_group_size,
+        info.limits.max_body_bytes,
+    )
 
 
-def shape_sessions(texts: list[str | None], uids: Sequence, sessions: Sequence[tuple], shaper: SetpoShaper,
-                   started: float) -> tuple[torch.Tensor, dict[str, float]]:
+def shape_sessions(
+    texts: list[str | None], uids: Sequence, sessions: Sequence[tuple], shaper: SetpoShaper, started: float
+) -> tuple[torch.Tensor, dict[str, float]]:
     """lambda * s_i for every row (B,) and the step's setpo/* metrics. sessions[row] = (session, output index) or
     None for a row that is not part of any group (padding). A session's member of its uid's group is its final
     output (highest index; texts[row] None: not scorable); the session's bonus goes to all its rows."""
@@ -120,7 +150,10 @@ def shape_sessions(texts: list[str | None], uids: Sequence, sessions: Sequence[t
 def decoded(tokenizer, responses, masks) -> list[str | None]:
     """The policy's own tokens of each row as text (response_mask leaves out tool and environment output);
     None for a row with no token left (rejected by rollout correction)."""
-    return [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) if mask.any() else None for ids, mask in zip(responses, masks)]
+    return [
+        tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) if mask.any() else None
+        for ids, mask in zip(responses, masks)
+    ]
 
 
 def shape_batch(data, tokenizer, shaper: SetpoShaper, started: float):
@@ -128,8 +161,12 @@ def shape_batch(data, tokenizer, shaper: SetpoShaper, started: float):
     Needs batch["responses"], batch["response_mask"], batch["advantages"] and non_tensor_batch["uid"]."""
     mask = data.batch["response_mask"]  # (B, T)
     texts = decoded(tokenizer, data.batch["responses"], mask)
-    bonus, metrics = shape_sessions(texts, data.non_tensor_batch["uid"].tolist(), [(row, 0) for row in range(len(texts))], shaper, started)
-    data.batch["advantages"] = data.batch["advantages"] + bonus.to(mask.device, data.batch["advantages"].dtype)[:, None] * mask
+    bonus, metrics = shape_sessions(
+        texts, data.non_tensor_batch["uid"].tolist(), [(row, 0) for row in range(len(texts))], shaper, started
+    )
+    data.batch["advantages"] = (
+        data.batch["advantages"] + bonus.to(mask.device, data.batch["advantages"].dtype)[:, None] * mask
+    )
     return data, metrics
 
 
@@ -139,10 +176,16 @@ def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper, started: float) 
     from tensordict import TensorDict
     from verl.workers.utils.padding import response_to_nested
 
-    fields = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "responses", "response_mask", "advantages"])
+    fields = tq.kv_batch_get(
+        keys=batch.keys,
+        partition_id=batch.partition_id,
+        select_fields=["uid", "responses", "response_mask", "advantages"],
+    )
     nested_mask = fields["response_mask"]  # after rollout correction: a rejected row is all 0
     texts = decoded(tokenizer, fields["responses"].unbind(), nested_mask.unbind())
-    uids = np.array(fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object).tolist()
+    uids = np.array(
+        fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object
+    ).tolist()
     tags = batch.tags or [{}] * len(batch.keys)
     sessions = []
     for key, tag in zip(batch.keys, tags):
@@ -152,8 +195,11 @@ def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper, started: float) 
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
     padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
     shaped = advantages + bonus.to(advantages.dtype)[:, None] * padded_mask
-    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                    fields=TensorDict({"advantages": response_to_nested(shaped, nested_mask)}, batch_size=len(batch)))
+    tq.kv_batch_put(
+        keys=batch.keys,
+        partition_id=batch.partition_id,
+        fields=TensorDict({"advantages": response_to_nested(shaped, nested_mask)}, batch_size=len(batch)),
+    )
     return metrics
 
 
@@ -215,7 +261,9 @@ def _tokenizer(settings: dict):
     """v0's compute_advantage gets no tokenizer: name it with +algorithm.setpo.tokenizer=<model path>."""
     path = settings.get("tokenizer")
     if not path:
-        raise ValueError("with trainer.use_v1=false, SetPO needs +algorithm.setpo.tokenizer='${actor_rollout_ref.model.path}'")
+        raise ValueError(
+            "with trainer.use_v1=false, SetPO needs +algorithm.setpo.tokenizer='${actor_rollout_ref.model.path}'"
+        )
     if path not in _tokenizers:
         from transformers import AutoTokenizer
 
@@ -230,9 +278,13 @@ def enabled_on_command_line(argv: Sequence[str]) -> bool:
 
 try:  # loaded by veRL's plug-in discovery, which hides import errors at debug level: say it ourselves
     install()
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     if enabled_on_command_line(sys.argv):  # SystemExit passes veRL's `except Exception`: the run stops here
         log.error("setpo veRL plug-in could not install itself", exc_info=True)
-        raise SystemExit(f"SetPO is enabled (+algorithm.setpo.enable=true) but its veRL plug-in could not install itself: {exc!r}. "
-                         "Fix the installation (setpo-client[verl] with veRL 0.9.x) or disable SetPO.") from exc
-    log.warning("setpo veRL plug-in could not install itself; SetPO is unavailable in this process (%r)", exc, exc_info=True)
+        raise SystemExit(
+            f"SetPO is enabled (+algorithm.setpo.enable=true) but its veRL plug-in could not install itself: {exc!r}. "
+            "Fix the installation (setpo-client[verl] with veRL 0.9.x) or disable SetPO."
+        ) from exc
+    log.warning(
+        "setpo veRL plug-in could not install itself; SetPO is unavailable in this process (%r)", exc, exc_info=True
+    )

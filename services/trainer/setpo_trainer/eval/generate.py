@@ -15,8 +15,17 @@ def pick_backend(backend: Backend) -> str:
     return "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "transformers"
 
 
-def generate(model_path: str, prompts: list[str], n: int, temperature: float = 0.5, top_p: float = 0.9,
-             max_new_tokens: int = 1024, seed: int = 0, backend: Backend = "auto", chat: bool | None = None) -> list[list[str]]:
+def generate(
+    model_path: str,
+    prompts: list[str],
+    n: int,
+    temperature: float = 0.5,
+    top_p: float = 0.9,
+    max_new_tokens: int = 1024,
+    seed: int = 0,
+    backend: Backend = "auto",
+    chat: bool | None = None,
+) -> list[list[str]]:
     """For each prompt, n sampled completions (the paper's evaluation: temperature 0.5, top-p 0.9).
 
     chat: wrap each prompt as a user turn with the tokenizer's chat template; None = when it has one.
@@ -32,12 +41,21 @@ def generate(model_path: str, prompts: list[str], n: int, temperature: float = 0
     samples = []
     for prompt in tqdm(prompts, desc="generating", unit="problem"):
         if use_chat:
-            encoded = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            encoded = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )
         else:
             encoded = tokenizer(prompt, return_tensors="pt")
         with torch.inference_mode():
-            output = model.generate(**encoded, do_sample=True, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                                    num_return_sequences=n, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+            output = model.generate(
+                **encoded,
+                do_sample=True,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=n,
+                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            )
         start = encoded["input_ids"].shape[1]
         samples.append([tokenizer.decode(row[start:], skip_special_tokens=True) for row in output])
     return samples
@@ -51,5 +69,8 @@ def _generate_vllm(model_path, prompts, n, temperature, top_p, max_new_tokens, s
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
     tokenizer = llm.get_tokenizer()
     if chat if chat is not None else tokenizer.chat_template is not None:
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts]
+        prompts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            for p in prompts
+        ]
     return [[choice.text for choice in result.outputs] for result in llm.generate(prompts, params)]

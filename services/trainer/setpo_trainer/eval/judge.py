@@ -58,11 +58,19 @@ def judge_prompt(problem: str, responses: list[str]) -> str:
     return JUDGE_PROMPT.format(count=len(responses), problem=problem, responses=attempts)
 
 
-def judge_diversity(problem: str, responses: list[str], url: str | None, api_key: str | None, model: str, timeout: float = 120.0) -> tuple[int, str]:
+def judge_diversity(
+    problem: str, responses: list[str], url: str | None, api_key: str | None, model: str, timeout: float = 120.0
+) -> tuple[int, str]:
     """(score 1-5, the judge's reason)."""
     if not url:
-        raise JudgeError("no LLM judge configured: pass --judge-url (an OpenAI-compatible base URL, e.g. https://api.openai.com/v1) and --judge-key")
-    body = {"model": model, "messages": [{"role": "user", "content": judge_prompt(problem, responses)}], "temperature": 0.0}
+        raise JudgeError(
+            "no LLM judge configured: pass --judge-url (an OpenAI-compatible base URL, e.g. https://api.openai.com/v1) and --judge-key"
+        )
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": judge_prompt(problem, responses)}],
+        "temperature": 0.0,
+    }
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.post(url.rstrip("/") + "/chat/completions", json=body, headers=headers, timeout=timeout)

@@ -26,7 +26,6 @@ from unittest import mock
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.shaping import SetpoShaper
-
 from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
@@ -105,24 +104,76 @@ def non_negative(kind: type) -> Callable[[str], Any]:
 
 
 def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
-    setpo = parser.add_argument_group("SetPO", "A^_i = A_i + lambda * s_i after OpenRLHF's group advantages (setpo-train)")
-    setpo.add_argument("--setpo.url", metavar="URL", default=os.environ.get("SETPO_URL"), help="the setpo service (default: $SETPO_URL)")
-    setpo.add_argument("--setpo.weight", metavar="LAMBDA", type=non_negative(float), default=0.05, help="lambda, the paper's marginal weight; 0 turns SetPO off")
-    setpo.add_argument("--setpo.api_key", metavar="KEY", default=None, help="refused: set SETPO_API_KEY in the environment (a key on a command line leaks)")
-    setpo.add_argument("--setpo.timeout", metavar="SECONDS", type=positive(float), default=60.0, help="seconds to wait for one answer of the service")
-    setpo.add_argument("--setpo.max_retries", metavar="N", type=non_negative(int), default=5, help="retries with backoff when the service is unreachable or busy")
-    setpo.add_argument("--setpo.on_error", choices=["skip", "fail"], default="skip",
-                       help="service still failing after the retries: skip = train the step with lambda = 0 and count it "
-                       "(setpo/fallback_steps); fail = stop with the error")
-    setpo.add_argument("--setpo.embed", choices=["response", "prompt_response"], default="response",
-                       help="what is embedded: the response tokens only, or the whole trajectory (prompt + response)")
-    setpo.add_argument("--setpo.max_chars", metavar="CHARS", type=positive(int), default=None,
-                       help="characters of each text sent (the beginning is kept); default: 8 x the service model's "
-                       "max tokens, which the service would cut to anyway. Texts are also cut, by UTF-8 bytes, to "
-                       "the service's SETPO_MAX_TEXT_CHARS and request body limit")
-    setpo.add_argument("--setpo.check_only", action="store_true",
-                       help="check everything up to starting Ray (OpenRLHF's own argument checks, the service) and exit")
-    setpo.add_argument("--setpo.ready_timeout", metavar="SECONDS", type=positive(float), default=120.0, help="seconds to wait at start for the service to be ready")
+    setpo = parser.add_argument_group(
+        "SetPO", "A^_i = A_i + lambda * s_i after OpenRLHF's group advantages (setpo-train)"
+    )
+    setpo.add_argument(
+        "--setpo.url",
+        metavar="URL",
+        default=os.environ.get("SETPO_URL"),
+        help="the setpo service (default: $SETPO_URL)",
+    )
+    setpo.add_argument(
+        "--setpo.weight",
+        metavar="LAMBDA",
+        type=non_negative(float),
+        default=0.05,
+        help="lambda, the paper's marginal weight; 0 turns SetPO off",
+    )
+    setpo.add_argument(
+        "--setpo.api_key",
+        metavar="KEY",
+        default=None,
+        help="refused: set SETPO_API_KEY in the environment (a key on a command line leaks)",
+    )
+    setpo.add_argument(
+        "--setpo.timeout",
+        metavar="SECONDS",
+        type=positive(float),
+        default=60.0,
+        help="seconds to wait for one answer of the service",
+    )
+    setpo.add_argument(
+        "--setpo.max_retries",
+        metavar="N",
+        type=non_negative(int),
+        default=5,
+        help="retries with backoff when the service is unreachable or busy",
+    )
+    setpo.add_argument(
+        "--setpo.on_error",
+        choices=["skip", "fail"],
+        default="skip",
+        help="service still failing after the retries: skip = train the step with lambda = 0 and count it "
+        "(setpo/fallback_steps); fail = stop with the error",
+    )
+    setpo.add_argument(
+        "--setpo.embed",
+        choices=["response", "prompt_response"],
+        default="response",
+        help="what is embedded: the response tokens only, or the whole trajectory (prompt + response)",
+    )
+    setpo.add_argument(
+        "--setpo.max_chars",
+        metavar="CHARS",
+        type=positive(int),
+        default=None,
+        help="characters of each text sent (the beginning is kept); default: 8 x the service model's "
+        "max tokens, which the service would cut to anyway. Texts are also cut, by UTF-8 bytes, to "
+        "the service's SETPO_MAX_TEXT_CHARS and request body limit",
+    )
+    setpo.add_argument(
+        "--setpo.check_only",
+        action="store_true",
+        help="check everything up to starting Ray (OpenRLHF's own argument checks, the service) and exit",
+    )
+    setpo.add_argument(
+        "--setpo.ready_timeout",
+        metavar="SECONDS",
+        type=positive(float),
+        default=120.0,
+        help="seconds to wait at start for the service to be ready",
+    )
 
 
 def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -132,12 +183,16 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
     # OpenRLHF prints its arguments, sends them to W&B as the run's config, and `ps` shows a command line:
     # secrets come from the environment only.
     if options["setpo.api_key"] is not None:
-        parser.error("--setpo.api_key is refused: a key on a command line is visible in `ps`, in OpenRLHF's printed "
-                     "arguments and in W&B's run config. Set SETPO_API_KEY in the environment instead.")
+        parser.error(
+            "--setpo.api_key is refused: a key on a command line is visible in `ps`, in OpenRLHF's printed "
+            "arguments and in W&B's run config. Set SETPO_API_KEY in the environment instead."
+        )
     wandb_key = options["logger.wandb.key"]
     if wandb_key not in (None, WANDB_FROM_ENVIRONMENT):
-        parser.error(f"--logger.wandb.key <key> is refused (printed by OpenRLHF, uploaded in W&B's run config, visible in "
-                     f"`ps`): set WANDB_API_KEY in the environment and pass --logger.wandb.key {WANDB_FROM_ENVIRONMENT}.")
+        parser.error(
+            f"--logger.wandb.key <key> is refused (printed by OpenRLHF, uploaded in W&B's run config, visible in "
+            f"`ps`): set WANDB_API_KEY in the environment and pass --logger.wandb.key {WANDB_FROM_ENVIRONMENT}."
+        )
     if wandb_key == WANDB_FROM_ENVIRONMENT and not os.environ.get("WANDB_API_KEY"):
         parser.error(f"--logger.wandb.key {WANDB_FROM_ENVIRONMENT} needs WANDB_API_KEY in the environment")
     if weight == 0:
@@ -145,14 +200,18 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
     check_openrlhf()
     estimator = options["algo.advantage.estimator"]
     if estimator not in GROUP_ESTIMATORS:
-        parser.error(f"--setpo.weight > 0 needs a group advantage estimator ({', '.join(GROUP_ESTIMATORS)}); "
-                     f"got --algo.advantage.estimator {estimator}")
+        parser.error(
+            f"--setpo.weight > 0 needs a group advantage estimator ({', '.join(GROUP_ESTIMATORS)}); "
+            f"got --algo.advantage.estimator {estimator}"
+        )
     if n < 3:
         parser.error(f"--setpo.weight > 0 needs --rollout.n_samples_per_prompt >= 3 (leave-one-out marginals); got {n}")
     if not url:
         parser.error("--setpo.weight > 0 needs the service: pass --setpo.url (or set SETPO_URL), or --setpo.weight 0")
 
-    shaper = SetpoShaper(SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1), weight, max_chars=options["setpo.max_chars"])
+    shaper = SetpoShaper(
+        SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1), weight, max_chars=options["setpo.max_chars"]
+    )
     try:
         info = shaper.check(ready_timeout=options["setpo.ready_timeout"])  # /info needs the key: a wrong one fails here
     except SetpoError as exc:
@@ -161,13 +220,20 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         shaper.client.close()
     # a step larger than one request is split by SetpoShaper; a group larger than the service takes never scores
     if (options["setpo.max_chars"] or 0) > info.limits.max_text_chars:
-        parser.error(f"--setpo.max_chars {options['setpo.max_chars']}: the service takes texts of at most "
-                     f"{info.limits.max_text_chars} characters; lower it, or raise SETPO_MAX_TEXT_CHARS")
+        parser.error(
+            f"--setpo.max_chars {options['setpo.max_chars']}: the service takes texts of at most "
+            f"{info.limits.max_text_chars} characters; lower it, or raise SETPO_MAX_TEXT_CHARS"
+        )
     if n > info.limits.max_group_size:
-        sys.exit(f"setpo-train: groups of {n} responses; the service at {url} takes at most {info.limits.max_group_size}. "
-                 "Raise SETPO_MAX_GROUP_SIZE on the service, or lower --rollout.n_samples_per_prompt.")
-    print(f"setpo-train: SetPO lambda={weight} with {info.model} at {url} (max {info.max_tokens} tokens; at most "
-          f"{info.limits.max_groups} groups and {info.limits.max_body_bytes} bytes a request)", flush=True)
+        sys.exit(
+            f"setpo-train: groups of {n} responses; the service at {url} takes at most {info.limits.max_group_size}. "
+            "Raise SETPO_MAX_GROUP_SIZE on the service, or lower --rollout.n_samples_per_prompt."
+        )
+    print(
+        f"setpo-train: SetPO lambda={weight} with {info.model} at {url} (max {info.max_tokens} tokens; at most "
+        f"{info.limits.max_groups} groups and {info.limits.max_body_bytes} bytes a request)",
+        flush=True,
+    )
 
 
 def check_openrlhf() -> None:
@@ -176,17 +242,25 @@ def check_openrlhf() -> None:
 
     version = importlib.metadata.version("openrlhf")
     if not version.startswith(TESTED_OPENRLHF):
-        print(f"setpo-train: warning: tested with openrlhf {TESTED_OPENRLHF}x, this is {version}", file=sys.stderr, flush=True)
+        print(
+            f"setpo-train: warning: tested with openrlhf {TESTED_OPENRLHF}x, this is {version}",
+            file=sys.stderr,
+            flush=True,
+        )
     if "RemoteExperienceMaker" not in ppo_trainer.BasePPOTrainer.__init__.__code__.co_names:
-        sys.exit(f"setpo-train: openrlhf {version} no longer builds RemoteExperienceMaker in BasePPOTrainer.__init__: "
-                 "SetPO cannot plug in. Use openrlhf==0.11.2.")
+        sys.exit(
+            f"setpo-train: openrlhf {version} no longer builds RemoteExperienceMaker in BasePPOTrainer.__init__: "
+            "SetPO cannot plug in. Use openrlhf==0.11.2."
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """OpenRLHF's flags and ours, parsed and checked (flat names, as OpenRLHF's parser returns them)."""
     parser = openrlhf_parser()
     parser.prog = "setpo-train"
-    parser.description = "OpenRLHF's train_ppo_ray (all its flags, unchanged) with SetPO's diversity bonus; see --setpo.*"
+    parser.description = (
+        "OpenRLHF's train_ppo_ray (all its flags, unchanged) with SetPO's diversity bonus; see --setpo.*"
+    )
     add_setpo_arguments(parser)
     args = parser.parse_args(argv)
     check_setpo_arguments(parser, args)

@@ -37,7 +37,10 @@ def math_hard(split: str, levels: tuple[int, ...] = (3, 4, 5)) -> Iterator[dict]
 def countdown(size: int, seed: int) -> Iterator[dict]:
     for puzzle in countdown_puzzles(size, seed):
         numbers, target = puzzle["numbers"], puzzle["target"]
-        yield {"input": COUNTDOWN_TEMPLATE.format(numbers=numbers, target=target), "label": json.dumps({"numbers": numbers, "target": target})}
+        yield {
+            "input": COUNTDOWN_TEMPLATE.format(numbers=numbers, target=target),
+            "label": json.dumps({"numbers": numbers, "target": target}),
+        }
 
 
 def from_jsonl(path: Path, question: str, answer: str) -> Iterator[dict]:
@@ -51,7 +54,11 @@ def from_jsonl(path: Path, question: str, answer: str) -> Iterator[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m setpo_trainer.openrlhf.data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m setpo_trainer.openrlhf.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("dataset", choices=["gsm8k", "math-hard", "countdown", "jsonl"])
     parser.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     parser.add_argument("--split", choices=["train", "test"], default="train", help="gsm8k, math-hard")

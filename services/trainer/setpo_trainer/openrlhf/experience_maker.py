@@ -30,10 +30,14 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         setpo = getattr(self.args, "setpo", None)  # the --setpo.* flags, parsed by setpo-train with OpenRLHF's own
         if setpo is None:
             raise RuntimeError("SetpoExperienceMaker needs the --setpo.* arguments: start training with setpo-train")
-        client = SetpoClient(setpo.url or DEFAULT_URL, timeout=setpo.timeout, max_retries=setpo.max_retries)  # key: $SETPO_API_KEY
+        client = SetpoClient(
+            setpo.url or DEFAULT_URL, timeout=setpo.timeout, max_retries=setpo.max_retries
+        )  # key: $SETPO_API_KEY
         self.setpo = SetpoShaper(client, setpo.weight, setpo.on_error, setpo.max_chars)
         self.setpo_embed = setpo.embed
-        logger.info(f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, on_error={setpo.on_error})")
+        logger.info(
+            f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, on_error={setpo.on_error})"
+        )
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:

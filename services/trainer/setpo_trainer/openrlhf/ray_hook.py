@@ -55,8 +55,10 @@ def rebind(ppo_trainer) -> None:
     """OpenRLHF's trainer module, just imported: its trainers build SetpoExperienceMaker from now on."""
     names = ppo_trainer.BasePPOTrainer.__init__.__code__.co_names
     if not hasattr(ppo_trainer, "RemoteExperienceMaker") or "RemoteExperienceMaker" not in names:
-        raise RuntimeError(f"{TRAINER_MODULE}.BasePPOTrainer no longer builds RemoteExperienceMaker by that name: this OpenRLHF "
-                           "would train without SetPO. setpo-train is tested with openrlhf==0.11.2.")
+        raise RuntimeError(
+            f"{TRAINER_MODULE}.BasePPOTrainer no longer builds RemoteExperienceMaker by that name: this OpenRLHF "
+            "would train without SetPO. setpo-train is tested with openrlhf==0.11.2."
+        )
     from setpo_trainer.openrlhf.experience_maker import SetpoExperienceMaker
 
     ppo_trainer.RemoteExperienceMaker = SetpoExperienceMaker

@@ -14,7 +14,12 @@ from fractions import Fraction
 
 MAX_EXPRESSION_CHARS = 200  # a valid answer over 6 two-digit numbers is ~30 characters
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+_OPERATORS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 
 
 def extract_expression(response: str) -> str | None:

@@ -33,7 +33,11 @@ def extract_final_answer(response: str) -> str | None:
 
 def _normalise(answer: str) -> str:
     text = answer.strip()
-    text = re.sub(r"\\text\{([^}]*)\}|\\textbf\{([^}]*)\}|\\mbox\{([^}]*)\}", lambda m: next(g for g in m.groups() if g is not None), text)
+    text = re.sub(
+        r"\\text\{([^}]*)\}|\\textbf\{([^}]*)\}|\\mbox\{([^}]*)\}",
+        lambda m: next(g for g in m.groups() if g is not None),
+        text,
+    )
     text = re.sub(r"\\[dt]frac", r"\\frac", text)
     for token in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "$", "^\\circ", "^{\\circ}", "\\%", "%"):
         text = text.replace(token, "")

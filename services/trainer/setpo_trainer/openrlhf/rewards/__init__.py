@@ -27,7 +27,7 @@ def response_text(query: str, prompt: str) -> str:
     if query.startswith(prompt):
         response = query[len(prompt) :]
     else:
-        parted, tail = len(commonprefix([query, prompt])), prompt[-PROMPT_TAIL:]
+        parted, tail = len(commonprefix([query, prompt])), prompt[-PROMPT_TAIL:]  # noqa: RUF071 (characters are wanted)
         found = query.find(tail, parted) if tail else -1
         response = query[found + len(tail) :] if found >= 0 else query[parted:]
     return SPECIAL_TOKENS.sub("", response)
@@ -37,4 +37,3 @@ def path(name: str) -> Path:
     if name not in FILES:
         raise ValueError(f"no reward function {name!r}: choose {' or '.join(FILES)}")
     return Path(__file__).with_name(FILES[name])
-

@@ -20,7 +20,9 @@ def reward_func(queries: list[str], prompts: list[str], labels: list, **kwargs) 
         puzzle = json.loads(label) if isinstance(label, str) else label
         if not isinstance(puzzle, dict) or not {"numbers", "target"} <= puzzle.keys():
             raise ValueError(f"a Countdown label is {{'numbers': [...], 'target': N}} (JSON), got {label!r}")
-        rewards.append(countdown_reward(response_text(query, prompt), list(puzzle["numbers"]), int(puzzle["target"]), FORMAT_SCORE))
+        rewards.append(
+            countdown_reward(response_text(query, prompt), list(puzzle["numbers"]), int(puzzle["target"]), FORMAT_SCORE)
+        )
     rewards = torch.tensor(rewards)  # (B,)
     solved = (rewards == 1.0).float()  # (B,)
     # rewards (with the format term) feed the advantages; scores = solved or not feed DAPO's dynamic filtering

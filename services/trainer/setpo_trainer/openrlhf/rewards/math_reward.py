@@ -1,6 +1,6 @@
 """OpenRLHF reward function: GSM8K / MATH, 1.0 when the response's final (boxed) answer equals the label.
 
-    --reward.remote_url <this file> --data.label_key label      (labels: reference final answers, e.g. "72")
+--reward.remote_url <this file> --data.label_key label      (labels: reference final answers, e.g. "72")
 """
 
 import torch
