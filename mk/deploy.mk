@@ -1,4 +1,4 @@
-# Deployment (README.md, "Deployment"): images, docker compose, Kubernetes (Kustomize + KubeRay).
+# Deployment (docs/deployment.md): images, docker compose, Kubernetes (Kustomize + KubeRay).
 #   make test-deploy-config   offline checks of every deployment file; part of `make test` (about a minute)
 #   make test-deploy          the real container run with podman: build, serve, compose up the cpu profile
 #                             (minutes; needs root for apt-get and podman). Run it before changing deployment files.
@@ -11,10 +11,7 @@ TEST_TARGETS += test-deploy-config
 .PHONY: test-deploy-config test-deploy lock-deploy lock-server
 
 $(DEPLOY_STAMP): requirements/deploy.lock
-	$(PYTHON) -m venv $(VENV_DEPLOY)
-	$(VENV_DEPLOY)/bin/python -m pip install --upgrade pip
-	$(VENV_DEPLOY)/bin/python -m pip install -c requirements/deploy.lock $(DEPLOY_TOOLS)
-	touch $@
+	$(call venv,$(VENV_DEPLOY),-c requirements/deploy.lock $(DEPLOY_TOOLS),,none)
 
 test-deploy-config: $(DEPLOY_STAMP)
 	$(VENV_DEPLOY)/bin/python -m pytest --confcutdir=tests/deploy --ignore=tests/deploy/container tests/deploy

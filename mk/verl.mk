@@ -7,12 +7,8 @@ TEST_TARGETS += test-verl
 .PHONY: test-verl
 
 $(VERL_STAMP): requirements/verl.lock clients/python/pyproject.toml services/trainer/pyproject.toml
-	$(PYTHON) -m venv $(VENV_VERL)
-	$(VENV_VERL)/bin/python -m pip install --upgrade pip
-	$(VENV_VERL)/bin/python -m pip install $(TORCH)
-	$(VENV_VERL)/bin/python -m pip install -c requirements/verl.lock -e core -e 'clients/python[verl]' -e services/trainer pytest pytest-timeout
-	$(VENV_VERL)/bin/python -m pip install --no-deps -e services/embedding_server
-	touch $@
+	$(call venv,$(VENV_VERL),-c requirements/verl.lock -e core -e 'clients/python[verl]' -e services/trainer \
+		pytest pytest-timeout,-e services/embedding_server)
 
 test-verl: $(VERL_STAMP) $(STAMP)
 	$(VENV_VERL)/bin/python -m pytest -p no:cacheprovider tests/integrations/verl

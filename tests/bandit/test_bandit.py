@@ -1,8 +1,11 @@
 """setpo-bandit, the paper's toy bandit, trained against the real running service."""
 
 import json
+import subprocess
+import sys
 
 import pytest
+from tqdm import tqdm
 
 from setpo_client import SetpoClient
 from setpo_client.shaping import SetpoShaper
@@ -29,22 +32,40 @@ def test_setpo_keeps_more_rewarded_modes_alive_than_grpo_without_losing_reward(s
 def test_a_step_that_falls_back_is_exactly_a_grpo_step():
     args = bandit.parse_args(["--url", "x", "--out", "x", "--steps", "40"])
     down = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0)
-    grpo = bandit.train(args, SetpoShaper(down, weight=0.0), seed=5)
+    grpo = bandit.train(args, SetpoShaper(down, weight=0.0), seed=5, progress=tqdm(disable=True))
     fallen_back = SetpoShaper(down, weight=2.0, on_error="skip")
-    setpo = bandit.train(args, fallen_back, seed=5)
+    setpo = bandit.train(args, fallen_back, seed=5, progress=tqdm(disable=True))
     assert setpo["probs"] == grpo["probs"]
     assert fallen_back.fallback_steps == 40 and setpo["metrics"][-1]["setpo/fallback_steps"] == 40
 
 
 def test_setpo_metrics_are_logged_every_step(client):
     args = bandit.parse_args(["--url", "x", "--out", "x", "--steps", "5"])
-    run = bandit.train(args, SetpoShaper(client, weight=2.0), seed=0)
+    run = bandit.train(args, SetpoShaper(client, weight=2.0), seed=0, progress=tqdm(disable=True))
     assert len(run["probs"]) == 6 and len(run["metrics"]) == 5
     for step in run["metrics"]:
         assert {"setpo/set_score_mean", "setpo/marginal_std", "setpo/saturation", "setpo/duplicate_share"} <= set(step)
         assert step["setpo/active"] == 1
     assert "setpo/time_share" not in run["metrics"][0]  # measured by the shaper from one step to the next
     assert all(0 < step["setpo/time_share"] <= 1 for step in run["metrics"][1:])
+
+
+def test_the_demo_fits_on_one_screen_and_says_what_its_step_share_means(server, tmp_path):
+    command = [sys.executable, "-m", "setpo_trainer.bandit", "--url", server.url, "--out", str(tmp_path)]
+    quiet = subprocess.run(
+        [*command, "--steps", "30", "--seeds", "0", "1"], capture_output=True, text=True, timeout=300
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    output = quiet.stdout + quiet.stderr
+    assert "HTTP Request" not in output  # 120 requests, none of them a line of their own
+    assert output.count("\n") <= 30, output  # a screen, with tqdm's bar redrawn in place
+    assert "| mean |" in output and str(tmp_path / "mode_probabilities.png") in output
+    assert "of this toy's step, whose own update takes microseconds" in output
+    assert "training: 100%" in output  # one progress bar over seeds, methods and steps
+    loud = subprocess.run(
+        [*command, "--steps", "3", "--seeds", "0", "--verbose"], capture_output=True, text=True, timeout=300
+    )
+    assert loud.stderr.count("HTTP Request: POST") == 3  # --verbose: a line for each SetPO step's request
 
 
 @pytest.mark.parametrize("flags", [["--group-size", "2"], ["--rewarded", "13"], ["--steps", "0"]])

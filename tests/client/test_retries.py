@@ -1,7 +1,6 @@
 """The client's retry policy against a real server that goes away and comes back."""
 
 import asyncio
-import re
 import threading
 import time
 
@@ -11,6 +10,7 @@ import pytest
 from setpo_client import AsyncSetpoClient, SetpoAPIError, SetpoClient, SetpoConnectionError, SetpoTimeoutError
 from setpo_client.client import backoff_delay
 from setpo_server.local import LocalServer, free_port
+from tests.metrics import metric
 
 GROUP = {"texts": ["one way", "another way", "a third way"]}
 
@@ -71,12 +71,7 @@ def test_gives_up_after_a_bounded_number_of_retries():
 
 def test_a_4xx_is_raised_at_once_not_retried(server):
     def count_422() -> float:
-        found = re.search(
-            r'^setpo_requests_total\{route="/v1/diversity",status="422"\} (\S+)$',
-            httpx.get(server.url + "/metrics").text,
-            re.M,
-        )
-        return float(found.group(1)) if found else 0.0
+        return metric(server, 'setpo_requests_total{route="/v1/diversity",status="422"}')
 
     before = count_422()
     with SetpoClient(server.url, max_retries=5) as client, pytest.raises(SetpoAPIError, match="at least 3"):

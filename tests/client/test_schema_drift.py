@@ -13,6 +13,8 @@ RESPONSES = [
     "Embedding",
     "EmbeddingsUsage",
     "EmbeddingsResponse",
+    "Model",
+    "ModelList",
     "Limits",
     "Info",
     "ErrorDetail",
@@ -56,9 +58,8 @@ def test_client_type_matches_server_schema(server_schemas, name):
     actual = shape(client_schema)
     if name not in REQUESTS:
         actual.pop("additionalProperties", None)  # responses ignore unknown fields on purpose
-    for field in types.NEWER_SERVER_FIELDS.get(
-        name, ()
-    ):  # optional in the client for older servers: same type otherwise
+    # optional in the client for older servers: same type otherwise
+    for field in types.NEWER_SERVER_FIELDS.get(name, ()):
         (kind,) = [branch for branch in actual["properties"][field]["anyOf"] if branch != {"type": "null"}]
         actual["properties"][field] = kind
         actual["required"] = sorted([*actual.get("required", []), field])

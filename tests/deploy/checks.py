@@ -16,7 +16,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-DOCKERFILES = ["services/embedding_server/Dockerfile", "services/embedding_server/Dockerfile.gpu", "services/trainer/Dockerfile"]
+DOCKERFILES = [
+    "services/embedding_server/Dockerfile",
+    "services/embedding_server/Dockerfile.gpu",
+    "services/trainer/Dockerfile",
+]
 PROFILES = ["cpu", "gpu", "monitoring"]
 OVERLAYS = ["overlays/cpu", "overlays/gpu"]
 # The oldest and the newest Kubernetes the manifests are checked against.
@@ -31,11 +35,15 @@ def compose_binary() -> Path:
     return Path(compose.__file__).parent / "docker-compose"
 
 
-def run(command: list[str], stdin: str | None = None, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+def run(
+    command: list[str], stdin: str | None = None, cwd: Path = ROOT, env: dict | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=cwd, timeout=300, env=env)
 
 
-def compose_config(compose_file: Path, profile: str | None = None, env_file: Path | None = None, output_json: bool = False) -> subprocess.CompletedProcess:
+def compose_config(
+    compose_file: Path, profile: str | None = None, env_file: Path | None = None, output_json: bool = False
+) -> subprocess.CompletedProcess:
     command = [str(compose_binary()), "-f", str(compose_file), "--project-directory", str(compose_file.parent)]
     command += ["--env-file", str(env_file)] if env_file else []
     command += ["--profile", profile] if profile else []
@@ -65,14 +73,26 @@ def kubernetes_validate(rendered: str, version: str) -> subprocess.CompletedProc
     return run([str(BIN / "kubernetes-validate"), "--strict", "--quiet", "-k", version, "-"], stdin=rendered)
 
 
-def validate_crds(rendered: str, version: str = KUBERNETES_VERSIONS[0], script: Path = ROOT / "deploy/validate_crds.py") -> subprocess.CompletedProcess:
+def validate_crds(
+    rendered: str, version: str = KUBERNETES_VERSIONS[0], script: Path = ROOT / "deploy/validate_crds.py"
+) -> subprocess.CompletedProcess:
     return run([sys.executable, str(script), "-k", version, "-"], stdin=rendered)
 
 
 def checkov(files: list[Path], skips: list[str] | None = None) -> tuple[int, list[dict]]:
     """checkov on manifests and Dockerfiles; returns its exit status and the failed checks."""
     skipped = list(SKIPS["checkov"]) if skips is None else skips
-    command = [str(BIN / "checkov"), "--quiet", "--compact", "--skip-download", "--output", "json", "--framework", "kubernetes", "dockerfile"]
+    command = [
+        str(BIN / "checkov"),
+        "--quiet",
+        "--compact",
+        "--skip-download",
+        "--output",
+        "json",
+        "--framework",
+        "kubernetes",
+        "dockerfile",
+    ]
     command += ["--skip-check", ",".join(skipped)] if skipped else []
     for path in files:
         command += ["--file", str(path)]
@@ -98,5 +118,9 @@ def server_setting_names() -> set[str]:
     """SETPO_* names of every field of setpo_server.settings.Settings, read from the source (no torch here)."""
     tree = ast.parse((ROOT / "services/embedding_server/setpo_server/settings.py").read_text())
     settings = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Settings")
-    fields = {node.target.id for node in settings.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    fields = {
+        node.target.id
+        for node in settings.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
     return {f"SETPO_{name.upper()}" for name in fields if name != "model_config"}

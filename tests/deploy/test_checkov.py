@@ -14,7 +14,9 @@ from tests.deploy.test_k8s import K8S, with_monitoring
 def rendered_files(tmp_path: Path) -> list[Path]:
     """Each overlay with the monitoring component, and the RayJob, rendered to files for checkov."""
     files = []
-    for target, directory in [(o, with_monitoring(tmp_path / o.replace("/", "-"), o)) for o in OVERLAYS] + [("rayjob", K8S / "rayjob")]:
+    for target, directory in [(o, with_monitoring(tmp_path / o.replace("/", "-"), o)) for o in OVERLAYS] + [
+        ("rayjob", K8S / "rayjob")
+    ]:
         result = kustomize(directory)
         assert result.returncode == 0, result.stderr
         files.append(tmp_path / f"{target.replace('/', '-')}.yaml")
@@ -34,15 +36,32 @@ def test_checkov_finds_exactly_the_skipped_checks(tmp_path):
     assert status == 0 and not failed, "\n".join(f"{c['check_id']} {c['resource']}: {c['check_name']}" for c in failed)
     _, unskipped = checkov(files, skips=[])
     fired = {c["check_id"] for c in unskipped}
-    assert fired == set(SKIPS["checkov"]), f"new findings: {fired - set(SKIPS['checkov'])}; stale skips: {set(SKIPS['checkov']) - fired}"
+    assert fired == set(SKIPS["checkov"]), (
+        f"new findings: {fired - set(SKIPS['checkov'])}; stale skips: {set(SKIPS['checkov']) - fired}"
+    )
 
 
 @pytest.mark.parametrize(
     "relative, old, new, expected",
     [
-        ("base/deployment.yaml", "            allowPrivilegeEscalation: false", "            allowPrivilegeEscalation: true", "CKV_K8S_20"),
-        ("base/deployment.yaml", "        runAsNonRoot: true\n        runAsUser: 10001", "        runAsNonRoot: false\n        runAsUser: 0", "CKV_K8S_23"),
-        ("base/deployment.yaml", "          livenessProbe:", "          lifecycle: {}\n          xlivenessProbe:", "CKV_K8S_8"),
+        (
+            "base/deployment.yaml",
+            "            allowPrivilegeEscalation: false",
+            "            allowPrivilegeEscalation: true",
+            "CKV_K8S_20",
+        ),
+        (
+            "base/deployment.yaml",
+            "        runAsNonRoot: true\n        runAsUser: 10001",
+            "        runAsNonRoot: false\n        runAsUser: 0",
+            "CKV_K8S_23",
+        ),
+        (
+            "base/deployment.yaml",
+            "          livenessProbe:",
+            "          lifecycle: {}\n          xlivenessProbe:",
+            "CKV_K8S_8",
+        ),
     ],
     ids=["privilege-escalation", "root", "no-liveness-probe"],
 )

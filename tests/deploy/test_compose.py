@@ -29,7 +29,11 @@ def test_compose_config_is_valid(profile, env_file):
 
 def test_each_profile_starts_its_own_stack():
     services = {profile: set(config(profile)["services"]) for profile in PROFILES}
-    assert services == {"cpu": {"setpo-server-cpu", "bandit"}, "gpu": {"setpo-server", "trainer"}, "monitoring": {"prometheus"}}
+    assert services == {
+        "cpu": {"setpo-server-cpu", "bandit"},
+        "gpu": {"setpo-server", "trainer"},
+        "monitoring": {"prometheus"},
+    }
     # The env example's COMPOSE_PROFILES makes a bare `docker compose up` the GPU stack.
     assert set(config(None)["services"]) == {"setpo-server", "trainer"}
 
@@ -78,7 +82,9 @@ def test_env_example_documents_every_variable_compose_reads():
     interpolated = set(re.findall(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)", text))
     passed_through = set(re.findall(r"^\s+- ([A-Z_][A-Z0-9_]*)$", text, flags=re.M))
     documented = set(re.findall(r"^#?\s*([A-Z_][A-Z0-9_]*)=", ENV_EXAMPLE.read_text(), flags=re.M))
-    assert interpolated | passed_through <= documented, f"not in {ENV_EXAMPLE.name}: {sorted((interpolated | passed_through) - documented)}"
+    assert interpolated | passed_through <= documented, (
+        f"not in {ENV_EXAMPLE.name}: {sorted((interpolated | passed_through) - documented)}"
+    )
     assert server_setting_names() - {"SETPO_HOST", "SETPO_PORT"} <= documented
 
 
@@ -91,9 +97,14 @@ def test_env_example_bakes_in_no_key():
     "breakage",
     [
         ("condition: service_healthy", "condition: service_healty"),  # a misspelt depends_on condition
-        ("    read_only: true\n    tmpfs: [/tmp]\n    cap_drop: [ALL]\n    security_opt: [no-new-privileges:true]\n    restart: unless-stopped\n\n  trainer:",
-         "    read_only: true\n    tmpfs: [/tmp]\n    cap_drop: [ALL]\n    security_opt: [no-new-privileges:true]\n    restart: unless-stopped\n    portz: [8000]\n\n  trainer:"),  # an unknown key
-        ("setpo-server-cpu:\n        condition: service_started", "setpo-server-gpu:\n        condition: service_started"),  # depends on no service
+        (
+            "    read_only: true\n    tmpfs: [/tmp]\n    cap_drop: [ALL]\n    security_opt: [no-new-privileges:true]\n    restart: unless-stopped\n\n  trainer:",
+            "    read_only: true\n    tmpfs: [/tmp]\n    cap_drop: [ALL]\n    security_opt: [no-new-privileges:true]\n    restart: unless-stopped\n    portz: [8000]\n\n  trainer:",
+        ),  # an unknown key
+        (
+            "setpo-server-cpu:\n        condition: service_started",
+            "setpo-server-gpu:\n        condition: service_started",
+        ),  # depends on no service
     ],
     ids=["bad-condition", "unknown-key", "missing-dependency"],
 )

@@ -33,7 +33,9 @@ def test_hadolint_passes(dockerfile):
 
 def test_every_hadolint_skip_is_still_needed():
     fired = set().union(*(hadolint_codes(hadolint(ROOT / d, skips=[])) for d in DOCKERFILES))
-    assert set(SKIPS["hadolint"]) <= fired, f"skipped but never fired, remove from deploy/lint-skips.yaml: {set(SKIPS['hadolint']) - fired}"
+    assert set(SKIPS["hadolint"]) <= fired, (
+        f"skipped but never fired, remove from deploy/lint-skips.yaml: {set(SKIPS['hadolint']) - fired}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -53,7 +55,9 @@ def test_image_runs_as_a_numeric_non_root_user(dockerfile):
     users = [args for op, args in final_stage(dockerfile) if op == "USER"]
     assert users, f"{dockerfile}: the final stage sets no USER (it would run as root)"
     uid = users[-1].split(":")[0]
-    assert uid.isdigit() and int(uid) >= 10000, f"{dockerfile}: USER {users[-1]} (Kubernetes' runAsNonRoot needs a numeric uid; >= 10000 avoids host users)"
+    assert uid.isdigit() and int(uid) >= 10000, (
+        f"{dockerfile}: USER {users[-1]} (Kubernetes' runAsNonRoot needs a numeric uid; >= 10000 avoids host users)"
+    )
 
 
 @pytest.mark.parametrize("dockerfile", SERVICE_DOCKERFILES)
@@ -81,7 +85,9 @@ def test_base_images_carry_a_version_tag(dockerfile):
             image = args[match.group(1)]
         elif image in {name for o, rest in steps if o == "FROM" for name in rest.split()[2:3]}:
             continue  # an earlier stage of this file
-        assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), f"{dockerfile}: base {image!r} needs a version tag"
+        assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), (
+            f"{dockerfile}: base {image!r} needs a version tag"
+        )
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
@@ -94,14 +100,22 @@ def test_no_secret_is_baked_in(dockerfile):
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_dependencies_are_installed_before_our_code_is_copied(dockerfile):
     steps = instructions(dockerfile)
-    first_code_copy = min(i for i, (op, args) in enumerate(steps) if op == "COPY" and re.match(r"(core|clients|services)/", args))
+    first_code_copy = min(
+        i for i, (op, args) in enumerate(steps) if op == "COPY" and re.match(r"(core|clients|services)/", args)
+    )
     installs = [i for i, (op, args) in enumerate(steps) if op == "RUN" and "pip install" in args]
-    assert installs and installs[0] < first_code_copy, f"{dockerfile}: code is copied before the dependencies are installed"
+    assert installs and installs[0] < first_code_copy, (
+        f"{dockerfile}: code is copied before the dependencies are installed"
+    )
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_copy_sources_exist_and_are_in_the_build_context(dockerfile):
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     for op, args in instructions(dockerfile):
         if op != "COPY" or args.startswith("--from"):
             continue
@@ -113,7 +127,11 @@ def test_copy_sources_exist_and_are_in_the_build_context(dockerfile):
 def test_server_lock_pins_what_dev_lock_pins():
     # The images install requirements/server.lock; the tests run on requirements/dev.lock. They must agree.
     def pins(path: str) -> dict[str, str]:
-        lines = [line.split("==") for line in (ROOT / path).read_text().splitlines() if "==" in line and not line.startswith("#")]
+        lines = [
+            line.split("==")
+            for line in (ROOT / path).read_text().splitlines()
+            if "==" in line and not line.startswith("#")
+        ]
         return {name.lower().replace("_", "-"): version for name, version in lines}
 
     server, dev = pins("requirements/server.lock"), pins("requirements/dev.lock")

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.checks import KUBERNETES_VERSIONS, OVERLAYS, ROOT, documents, find, kubernetes_validate, kustomize, server_setting_names, validate_crds
+from tests.deploy.checks import (
+    KUBERNETES_VERSIONS,
+    OVERLAYS,
+    ROOT,
+    documents,
+    find,
+    kubernetes_validate,
+    kustomize,
+    server_setting_names,
+    validate_crds,
+)
 
 K8S = ROOT / "deploy/k8s"
 RECIPES = ROOT / "services/trainer/recipes"
@@ -36,7 +46,12 @@ def render(directory: Path) -> str:
 def rendered(tmp_path_factory) -> dict[str, str]:
     tmp = tmp_path_factory.mktemp("k8s")
     out = {overlay: render(K8S / overlay) for overlay in OVERLAYS}
-    out.update({f"{overlay}+monitoring": render(with_monitoring(tmp / overlay.replace("/", "-"), overlay)) for overlay in OVERLAYS})
+    out.update(
+        {
+            f"{overlay}+monitoring": render(with_monitoring(tmp / overlay.replace("/", "-"), overlay))
+            for overlay in OVERLAYS
+        }
+    )
     out["rayjob"] = render(K8S / "rayjob")
     return out
 
@@ -54,7 +69,9 @@ def test_custom_resources_are_what_we_expect(rendered):
     # validate_crds must actually see them: a RayJob in rayjob, a ServiceMonitor with monitoring
     assert find(documents(rendered["rayjob"]), "RayJob")
     assert find(documents(rendered["overlays/gpu+monitoring"]), "ServiceMonitor")
-    assert not [d for d in documents(rendered["overlays/gpu"]) if d["kind"] == "ServiceMonitor"], "the ServiceMonitor is opt-in"
+    assert not [d for d in documents(rendered["overlays/gpu"]) if d["kind"] == "ServiceMonitor"], (
+        "the ServiceMonitor is opt-in"
+    )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -70,7 +87,10 @@ def test_server_deployment_probes_resources_and_security(rendered, overlay):
     has_gpu = "nvidia.com/gpu" in container["resources"]["limits"]
     assert has_gpu == (overlay == "overlays/gpu"), f"{overlay}: GPUs belong to the gpu overlay only"
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
-    assert container["securityContext"]["readOnlyRootFilesystem"] and not container["securityContext"]["allowPrivilegeEscalation"]
+    assert (
+        container["securityContext"]["readOnlyRootFilesystem"]
+        and not container["securityContext"]["allowPrivilegeEscalation"]
+    )
     env = {e["name"]: e for e in container["env"]}
     assert env["SETPO_HOST"]["value"] == "0.0.0.0"
     assert env["SETPO_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "setpo-api-key", "key": "api-key"}
@@ -108,7 +128,9 @@ def test_service_hpa_and_pdb_point_at_the_server(rendered, overlay):
 
 
 def test_network_policy_lets_in_only_the_trainer(rendered):
-    server_pods = find(documents(rendered["overlays/gpu"]), "Deployment", "setpo-server")["spec"]["template"]["metadata"]["labels"]
+    server_pods = find(documents(rendered["overlays/gpu"]), "Deployment", "setpo-server")["spec"]["template"][
+        "metadata"
+    ]["labels"]
     policy = find(documents(rendered["overlays/gpu"]), "NetworkPolicy", "setpo-server")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= server_pods.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -142,7 +164,9 @@ def test_rayjob_runs_a_recipe_against_the_service_dns_name(rendered):
     port = service["spec"]["ports"][0]["port"]
     dns = f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:{port}"
     rayjob = find(documents(rendered["rayjob"]), "RayJob")
-    assert rayjob["metadata"]["namespace"] == service["metadata"]["namespace"], "the NetworkPolicy's podSelector only matches its own namespace"
+    assert rayjob["metadata"]["namespace"] == service["metadata"]["namespace"], (
+        "the NetworkPolicy's podSelector only matches its own namespace"
+    )
     recipe = re.fullmatch(r"bash /opt/setpo/recipes/(\w+)\.sh", rayjob["spec"]["entrypoint"])
     assert recipe and (RECIPES / f"{recipe.group(1)}.sh").exists(), rayjob["spec"]["entrypoint"]
     assert yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]["SETPO_URL"] == dns
@@ -154,14 +178,20 @@ def test_rayjob_runs_a_recipe_against_the_service_dns_name(rendered):
     assert {"MODEL_PATH", "DATA_PATH", "SETPO_URL", "SAVE_PATH", "SETPO_API_KEY"} <= set(head_env)
     assert head_env["SETPO_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "setpo-api-key", "key": "api-key"}
     workers = cluster["workerGroupSpecs"]
-    gpus = sum(int(g["replicas"]) * int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for g in workers)
-    assert gpus == int(head_env["NODES"]["value"]) * int(head_env["GPUS_PER_NODE"]["value"]), "the recipe's NODES x GPUS_PER_NODE must match the worker GPUs"
+    gpus = sum(
+        int(g["replicas"]) * int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        for g in workers
+    )
+    assert gpus == int(head_env["NODES"]["value"]) * int(head_env["GPUS_PER_NODE"]["value"]), (
+        "the recipe's NODES x GPUS_PER_NODE must match the worker GPUs"
+    )
     assert all(c["image"] == head["image"] for g in workers for c in g["template"]["spec"]["containers"])
     # the ray version OpenRLHF pins and the trainer image installs
     assert cluster["rayVersion"] == "2.55.0"
 
 
 # --- broken manifests must fail ---------------------------------------------------------------------------
+
 
 def broken_copy(tmp_path: Path, relative: str, old: str, new: str) -> Path:
     copy = tmp_path / "k8s"
@@ -176,7 +206,11 @@ def broken_copy(tmp_path: Path, relative: str, old: str, new: str) -> Path:
     "relative, old, new",
     [
         ("base/deployment.yaml", "          readinessProbe:", "          readinessProbes:"),  # a misspelt field
-        ("base/deployment.yaml", "              containerPort: 8000", "              containerPort: \"8000\""),  # a wrong type
+        (
+            "base/deployment.yaml",
+            "              containerPort: 8000",
+            '              containerPort: "8000"',
+        ),  # a wrong type
         ("overlays/gpu/deployment-gpu.yaml", "            failureThreshold: 120", "            failureThreshold: many"),
     ],
     ids=["unknown-field", "wrong-type", "overlay-patch"],
@@ -195,10 +229,22 @@ def test_a_broken_manifest_fails_strict_validation(tmp_path, relative, old, new)
         ('num-cpus: "0"', "num-cpus: 0"),  # rayStartParams must be strings
         ("shutdownAfterJobFinishes: true", "shutdownAfterJobFinish: true"),  # not a RayJob field
         ("submissionMode: K8sJobMode", "submissionMode: K8sMode"),
-        ("              imagePullPolicy: IfNotPresent", "              imagePullPolicy: IfNotPresent\n              restartPolicy: Always\n              gpus: 8"),  # not a container field
-        ("      SETPO_URL: http://setpo-server", "      SETPO_URL: [http://setpo-server"),  # runtimeEnvYAML no longer YAML
+        (
+            "              imagePullPolicy: IfNotPresent",
+            "              imagePullPolicy: IfNotPresent\n              restartPolicy: Always\n              gpus: 8",
+        ),  # not a container field
+        (
+            "      SETPO_URL: http://setpo-server",
+            "      SETPO_URL: [http://setpo-server",
+        ),  # runtimeEnvYAML no longer YAML
     ],
-    ids=["non-string-start-param", "unknown-spec-field", "bad-submission-mode", "unknown-container-field", "runtime-env-not-yaml"],
+    ids=[
+        "non-string-start-param",
+        "unknown-spec-field",
+        "bad-submission-mode",
+        "unknown-container-field",
+        "runtime-env-not-yaml",
+    ],
 )
 def test_a_broken_rayjob_fails_our_schema(tmp_path, old, new):
     rendered = kustomize(broken_copy(tmp_path, "rayjob/rayjob.yaml", old, new) / "rayjob")
@@ -219,6 +265,7 @@ def test_a_broken_kustomization_fails_to_render(tmp_path):
 
 
 # --- the Ray cluster is closed --------------------------------------------------------------------------------
+
 
 def ray_pod_templates(rayjob: dict) -> dict[str, dict]:
     cluster = rayjob["spec"]["rayClusterSpec"]
@@ -243,7 +290,10 @@ def test_only_the_ray_clusters_own_pods_the_submitter_and_the_operator_reach_it(
     for rule in (submitter, operator):
         assert rule["ports"] == [{"port": 8265, "protocol": "TCP"}]
     (peer,) = submitter["from"]
-    assert set(peer) == {"podSelector"} and peer["podSelector"]["matchLabels"].items() <= templates["submitter"]["metadata"]["labels"].items()
+    assert (
+        set(peer) == {"podSelector"}
+        and peer["podSelector"]["matchLabels"].items() <= templates["submitter"]["metadata"]["labels"].items()
+    )
     assert not peer["podSelector"]["matchLabels"].items() <= selected.items()
     (peer,) = operator["from"]
     assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "kuberay-operator"}
@@ -254,11 +304,16 @@ def test_ray_token_authentication_from_a_secret_and_no_service_account_token(ren
     rayjob = find(documents(rendered["rayjob"]), "RayJob")
     for name, template in ray_pod_templates(rayjob).items():
         spec = template["spec"]
-        assert spec.get("automountServiceAccountToken") is False, f"{name}: no component of the job talks to the Kubernetes API"
+        assert spec.get("automountServiceAccountToken") is False, (
+            f"{name}: no component of the job talks to the Kubernetes API"
+        )
         env = {e["name"]: e for e in spec["containers"][0]["env"]}
         assert env["RAY_AUTH_MODE"]["value"] == "token", name
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "ray-auth-token", "key": "token"}, name
     # no secret in the job's runtime env (Ray logs it; `ray list runtime-envs` shows it)
     runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
     assert not {"SETPO_API_KEY", "WANDB_API_KEY", "RAY_AUTH_TOKEN"} & set(runtime_env.get("env_vars", {}))
-    assert "client" not in {p["name"] for p in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert "client" not in {
+        p["name"]
+        for p in rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]
+    }

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from setpo_server.local import LocalServer
+from tests.metrics import scrape
 
 KEY = "hostile-suite-key-9d2c"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -226,12 +227,8 @@ def huge_job_and_small_callers(server: LocalServer, outcome: Outcome, full: bool
 
 def forward_totals(server: LocalServer) -> tuple[float, float]:
     """(setpo_forward_seconds_sum, setpo_forward_seconds_count) from /metrics."""
-    values = dict(
-        line.rsplit(" ", 1)
-        for line in httpx.get(server.url + "/metrics").text.splitlines()
-        if line.startswith("setpo_forward_seconds_")
-    )
-    return float(values["setpo_forward_seconds_sum"]), float(values["setpo_forward_seconds_count"])
+    values = scrape(server)  # one scrape: the sum and the count of the same moment
+    return values["setpo_forward_seconds_sum"], values["setpo_forward_seconds_count"]
 
 
 def nan_flood(server: LocalServer, outcome: Outcome, full: bool) -> None:

@@ -12,6 +12,7 @@ from setpo_client import SetpoClient, SetpoError
 from setpo_client.shaping import SetpoShaper
 from setpo_server.local import LocalServer, free_port
 from setpo_trainer import bandit
+from tests.metrics import metric, scrape
 
 
 class KillAndRestart:
@@ -56,7 +57,7 @@ def test_sigterm_drains_requests_in_flight_before_exiting():
         target=lambda: answer.update(r=httpx.post(server.url + "/v1/embeddings", json={"input": texts}, timeout=120))
     )
     caller.start()
-    server.wait_until(lambda: "setpo_queue_texts" in httpx.get(server.url + "/metrics").text and _embedding(server))
+    server.wait_until(lambda: "setpo_queue_texts" in scrape(server) and _embedding(server))
     code = server.stop(signal.SIGTERM, timeout=120)
     caller.join(timeout=120)
     assert answer["r"].status_code == 200 and len(answer["r"].json()["data"]) == 120
@@ -67,10 +68,7 @@ def test_sigterm_drains_requests_in_flight_before_exiting():
 
 def _embedding(server: LocalServer) -> bool:
     """True once the model is busy with the request (its first forward pass has been counted)."""
-    metrics = httpx.get(server.url + "/metrics").text
-    return any(
-        line.startswith("setpo_batch_size_count") and float(line.split()[-1]) > 0 for line in metrics.splitlines()
-    )
+    return metric(server, "setpo_batch_size_count") > 0
 
 
 @pytest.mark.parametrize("policy", ["skip", "fail"])

@@ -1,6 +1,7 @@
 """SETPO_API_KEY: data routes need the bearer key; health, ready and metrics stay open; the key never leaks."""
 
 import httpx
+import openai
 import pytest
 
 from setpo_client import SetpoAPIError, SetpoClient
@@ -63,3 +64,13 @@ def test_key_never_appears_in_logs_or_answers(guarded):
     assert all(KEY not in answer for answer in answers)
     assert "GET /info" in guarded.log()  # the debug log did record the requests...
     assert KEY not in guarded.log()  # ...but not the key
+
+
+def test_openai_tooling_sends_the_key_and_is_refused_without_it(guarded):
+    with (
+        openai.OpenAI(base_url=guarded.url + "/v1", api_key="wrong", max_retries=0) as client,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        client.models.list()
+    with openai.OpenAI(base_url=guarded.url + "/v1", api_key=KEY, max_retries=0) as client:
+        assert [m.id for m in client.models.list().data] == ["all-MiniLM-L6-v2"]

@@ -1,7 +1,6 @@
 """Many callers at once: same answers as one caller, batches coalesced and deduplicated, overload is a 429."""
 
 import asyncio
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,12 +10,7 @@ import pytest
 
 from setpo_client import AsyncSetpoClient, SetpoAPIError, SetpoClient, SetpoTimeoutError
 from setpo_server.local import LocalServer
-
-
-def metric(server, name: str) -> float:
-    text = httpx.get(server.url + "/metrics").text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+from tests.metrics import metric
 
 
 def requests_for(n: int) -> list[list[dict]]:

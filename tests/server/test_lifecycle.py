@@ -6,6 +6,7 @@ import time
 import httpx
 
 from setpo_server.local import LocalServer
+from tests.metrics import metric
 
 
 def test_ready_is_503_with_retry_after_until_the_model_is_warm():
@@ -22,7 +23,7 @@ def test_ready_is_503_with_retry_after_until_the_model_is_warm():
         assert (
             httpx.post(server.url + "/v1/diversity", json={"groups": [{"texts": ["a", "b", "c"]}]}).status_code == 200
         )
-        assert "setpo_ready 1.0" in httpx.get(server.url + "/metrics").text
+        assert metric(server, "setpo_ready") == 1
     finally:
         assert server.stop() == -signal.SIGTERM  # a graceful stop: uvicorn exits by the signal it was sent
 

@@ -18,6 +18,8 @@ from setpo_client.types import (
     GroupResult,
     Info,
     Limits,
+    Model,
+    ModelList,
 )
 
 __version__ = "0.1.0"
@@ -33,6 +35,8 @@ __all__ = [
     "GroupResult",
     "Info",
     "Limits",
+    "Model",
+    "ModelList",
     "SetpoAPIError",
     "SetpoClient",
     "SetpoConnectionError",

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from setpo_client.errors import SetpoAPIError, SetpoConnectionError, SetpoTimeoutError
 from setpo_client.types import (
@@ -25,10 +26,11 @@ from setpo_client.types import (
     ErrorResponse,
     Group,
     Info,
+    ModelList,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-T = TypeVar("T")
+T = TypeVar("T", bound=BaseModel)
 JSON_HEADERS = {"content-type": "application/json"}
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
@@ -63,7 +65,7 @@ def parsed(model: type[T], response: httpx.Response) -> T:
         raise SetpoAPIError(response.status_code, f"answer does not match the setpo contract: {exc}") from exc
 
 
-def json_body(payload: Mapping) -> bytes:
+def json_body(payload: object) -> bytes:
     """The exact bytes sent for a JSON body: SetpoShaper measures requests with this same function, so a step
     it fits under the service's max_body_bytes is never refused for its size (UTF-8, compact, no NaN)."""
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
@@ -99,7 +101,7 @@ class _ClientConfig:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
 
-    def give_up(self, failure: httpx.Response | Exception, attempts: int) -> Exception:
+    def give_up(self, failure: httpx.Response | Exception | None, attempts: int) -> Exception:
         if isinstance(failure, httpx.Response):
             return api_error(failure)
         return SetpoConnectionError(
@@ -129,7 +131,8 @@ class SetpoClient(_ClientConfig):
 
     def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
         body = json_body(payload) if payload is not None else None
-        retry_after = None
+        retry_after: str | None = None
+        failure: httpx.Response | Exception | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after))
@@ -166,6 +169,10 @@ class SetpoClient(_ClientConfig):
     def info(self) -> Info:
         return parsed(Info, self._request("GET", "/info"))
 
+    def models(self) -> ModelList:
+        """The served model, as OpenAI's model list (one entry)."""
+        return parsed(ModelList, self._request("GET", "/v1/models"))
+
     def ready(self) -> bool:
         """True when the model is loaded and warmed up. A server that cannot be reached is not ready."""
         try:
@@ -186,7 +193,7 @@ class SetpoClient(_ClientConfig):
     def __enter__(self) -> "SetpoClient":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -211,7 +218,8 @@ class AsyncSetpoClient(_ClientConfig):
 
     async def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
         body = json_body(payload) if payload is not None else None
-        retry_after = None
+        retry_after: str | None = None
+        failure: httpx.Response | Exception | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after))
@@ -247,6 +255,9 @@ class AsyncSetpoClient(_ClientConfig):
     async def info(self) -> Info:
         return parsed(Info, await self._request("GET", "/info"))
 
+    async def models(self) -> ModelList:
+        return parsed(ModelList, await self._request("GET", "/v1/models"))
+
     async def ready(self) -> bool:
         try:
             return (await self._http.get("/ready")).status_code == 200
@@ -266,5 +277,5 @@ class AsyncSetpoClient(_ClientConfig):
     async def __aenter__(self) -> "AsyncSetpoClient":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

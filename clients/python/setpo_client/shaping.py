@@ -78,7 +78,8 @@ class SetpoShaper:
         SetPO work for this step began (decoding included), for setpo/time_s; default now."""
         start = time.perf_counter() if started is None else started
         bonus = [[0.0] * len(group) for group in groups]
-        marginals: list[list[float] | None] | None = [None] * len(groups) if self.weight > 0 else None
+        found: list[list[float] | None] = [None] * len(groups)  # filled in by each scored group
+        marginals = found if self.weight > 0 else None
         scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
         metrics = {
             "setpo/duplicate_share": duplicate_share(
@@ -96,7 +97,7 @@ class SetpoShaper:
                     result = self.client.diversity([payload for _, payload in batch], weight=self.weight)
                     requests += 1
                     for (index, _), scored in zip(batch, result.groups):
-                        marginals[index] = scored.marginals
+                        found[index] = scored.marginals
                         results.append(scored)
                 if results:
                     flat = [s for scored in results for s in scored.marginals]
@@ -122,9 +123,9 @@ class SetpoShaper:
                     exc_info=not isinstance(exc, SetpoError),
                 )
         if marginals is not None:
-            for index, rows in enumerate(scorable):
-                if marginals[index] is not None:
-                    for row, s in zip(rows, marginals[index]):
+            for index, (rows, group_marginals) in enumerate(zip(scorable, marginals)):
+                if group_marginals is not None:
+                    for row, s in zip(rows, group_marginals):
                         bonus[index][row] = self.weight * s
         self.unscored_groups += unscored
         shaped = marginals is not None and self.weight > 0 and any(g is not None for g in marginals)
@@ -147,7 +148,9 @@ class SetpoShaper:
         return ShapedStep(bonus, marginals, metrics)
 
 
-def fit_step(groups: Sequence[Sequence], scorable: list[list[int]], info: Info, weight: float, max_chars: int | None):
+def fit_step(
+    groups: Sequence[Sequence], scorable: list[list[int]], info: Info, weight: float, max_chars: int | None
+) -> tuple[list[list[tuple[int, dict]]], int, int]:
     """The step as requests the service accepts: ([[(group index, group payload), ...] per request], groups left
     unscored, texts cut). Sizes are measured with the client's own encoder, so they are the real body sizes."""
     limits = info.limits
@@ -181,18 +184,20 @@ def fit_step(groups: Sequence[Sequence], scorable: list[list[int]], info: Info, 
             continue
         fitted.append((index, payload, len(rows), size))
 
-    batches, batch, rows_in, bytes_in = [], [], 0, envelope
-    for index, payload, rows, size in fitted:
+    batches: list[list[tuple[int, dict]]] = []
+    batch: list[tuple[int, dict]] = []
+    rows_in, bytes_in = 0, envelope
+    for index, payload, row_count, size in fitted:
         comma = 1 if batch else 0
         if batch and (
             len(batch) + 1 > limits.max_groups
-            or (limits.max_request_rows and rows_in + rows > limits.max_request_rows)
+            or (limits.max_request_rows and rows_in + row_count > limits.max_request_rows)
             or bytes_in + comma + size > limits.max_body_bytes
         ):
             batches.append(batch)
             batch, rows_in, bytes_in, comma = [], 0, envelope, 0
         batch.append((index, payload))
-        rows_in, bytes_in = rows_in + rows, bytes_in + comma + size
+        rows_in, bytes_in = rows_in + row_count, bytes_in + comma + size
     if batch:
         batches.append(batch)
     return batches, unscored, cut
@@ -208,7 +213,7 @@ def cut_to_json_bytes(text: str, budget: int) -> str:
     return text
 
 
-def hashable(member):
+def hashable(member: str | Sequence[float]) -> str | tuple[float, ...]:
     return member if isinstance(member, str) else tuple(member)
 
 

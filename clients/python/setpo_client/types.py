@@ -101,6 +101,18 @@ class EmbeddingsResponse(_Response):
     usage: EmbeddingsUsage
 
 
+class Model(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
 class Limits(_Response):
     max_groups: int
     max_group_size: int

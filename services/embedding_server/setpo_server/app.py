@@ -4,6 +4,7 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -56,7 +57,7 @@ def create_app(settings: Settings | None = None, threads: int | None = None) -> 
     settings = settings or Settings()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(load_model(app))
         yield
         loading.cancel()

@@ -3,6 +3,7 @@
 import copy
 import logging
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,11 +68,12 @@ class Backend:
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.model = SentenceTransformer(self.model_path, device=self.device, model_kwargs={"dtype": self.dtype})
         self.model.eval()
+        self.created = int(time.time())  # OpenAI's `created` of the served model (GET /v1/models)
         if settings.compile:
             import torch._inductor.config
 
-            transformer = self.model[0]
-            if not isinstance(getattr(transformer, "model", None), torch.nn.Module):
+            transformer, inner = self.model[0], getattr(self.model[0], "model", None)
+            if not isinstance(inner, torch.nn.Module):
                 raise ValueError(
                     f"SETPO_COMPILE=true needs a transformers-backed model; {self.name} starts with {type(transformer).__name__}"
                 )
@@ -80,15 +82,17 @@ class Backend:
             # freezing ran 1.24x slower than with it (docs/benchmarks.md sections 7-8).
             torch._inductor.config.freezing = True
             # dynamic: one graph for every batch size and length, not one per shape a request happens to bring
-            transformer.model = torch.compile(transformer.model, dynamic=True)
+            transformer.model = torch.compile(inner, dynamic=True)  # type: ignore[assignment]  # a callable module
         if not getattr(self.model.tokenizer, "is_fast", False):
             raise ValueError(
                 f"{self.name} has no fast (tokenizer.json) tokenizer; setpo-server needs one to cut texts once"
             )
         self.model.tokenizer.truncation_side = settings.truncation_side
-        self.max_tokens = int(self.model.max_seq_length)
+        max_tokens, dimension = self.model.max_seq_length, self.model.get_embedding_dimension()
+        if max_tokens is None or dimension is None:
+            raise ValueError(f"{self.name} declares no max_seq_length or embedding dimension; setpo-server needs both")
+        self.max_tokens, self.dimension = int(max_tokens), int(dimension)
         self.max_chars = CHARS_PER_TOKEN * self.max_tokens
-        self.dimension = int(self.model.get_embedding_dimension())
         # what SentenceTransformer.encode would put before every text (a model's default prompt, usually none)
         self.prompt = (
             self.model.prompts.get(self.model.default_prompt_name, "") if self.model.default_prompt_name else ""

@@ -222,12 +222,13 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             batch, texts, forward = in_flight.popleft()
+            outcome: torch.Tensor | Exception
             try:
-                rows, error = await forward, None
+                outcome = await forward
             except Exception as exc:
                 if is_device_error(exc):
                     raise  # the device is gone: _worker_ended fails everyone and stops the process
-                rows, error = None, exc  # a model failure fails these requests, not the service
+                outcome = exc  # a model failure fails these requests, not the service
             position = {text: i for i, text in enumerate(texts)}
             for job, taken in batch:
                 tokens = sum(len(job.ids[i]) for i in taken)
@@ -236,10 +237,10 @@ class Batcher:
                 self._count(-len(taken), -tokens)
                 if job.future.done():
                     continue  # cancelled or failed: _next_batch drops it once nothing of it is in flight
-                if error is not None:
-                    job.future.set_exception(error)
+                if isinstance(outcome, Exception):
+                    job.future.set_exception(outcome)
                     continue
-                job.rows[taken] = rows[[position[job.texts[i]] for i in taken]]
+                job.rows[taken] = outcome[[position[job.texts[i]] for i in taken]]
                 if job.done == len(job.texts):
                     job.future.set_result(job.rows)
                     self._jobs.remove(job)

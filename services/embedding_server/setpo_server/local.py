@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,7 +24,7 @@ def free_port() -> int:
 
 
 class LocalServer:
-    def __init__(self, port: int | None = None, command: list[str] | None = None, **settings):
+    def __init__(self, port: int | None = None, command: list[str] | None = None, **settings: object):
         self.port = port or free_port()
         self.command = command or [sys.executable, "-m", "setpo_server.cli"]
         self.env = {
@@ -50,8 +51,9 @@ class LocalServer:
             self.wait_until(lambda: httpx.get(f"{self.url}/ready", timeout=5).status_code == 200, timeout)
         return self
 
-    def wait_until(self, condition, timeout: float = 180.0) -> None:
+    def wait_until(self, condition: Callable[[], bool], timeout: float = 180.0) -> None:
         """Polls condition() until true; fails with the server's log if it dies or the time runs out."""
+        assert self.process is not None, "start() the server first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -80,5 +82,5 @@ class LocalServer:
     def __enter__(self) -> "LocalServer":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

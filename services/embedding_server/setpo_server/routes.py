@@ -10,7 +10,7 @@ import asyncio
 import base64
 import secrets
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -34,6 +34,8 @@ from setpo_server.schemas import (
     ErrorResponse,
     Info,
     Limits,
+    Model,
+    ModelList,
 )
 from setpo_server.scoring import ScoringError, embed_texts, score_request
 from setpo_server.settings import Settings
@@ -46,7 +48,9 @@ BIG_BODY_BYTES = 1024 * 1024
 BIG_BODIES_AT_ONCE = 2
 
 router = APIRouter()
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 422, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 422, 429, 503)
+}
 Body = TypeVar("Body", bound=BaseModel)
 
 
@@ -128,7 +132,7 @@ async def read_body(request: Request, model: type[Body]) -> Body:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
 
 
-async def until_done_or_gone(request: Request, work: Awaitable, param: str):
+async def until_done_or_gone(request: Request, work: Awaitable[Any], param: str) -> Any:
     """Await `work`, mapping the later stages' refusals to HTTP; a caller that disconnects has it cancelled."""
     task = asyncio.ensure_future(work)
     while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS))[0]:
@@ -203,6 +207,26 @@ async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> I
     )
 
 
+@router.get("/v1/models", dependencies=[Depends(require_key)], responses=ERRORS)
+async def models(batcher: Batcher = Depends(ready_batcher)) -> ModelList:
+    """OpenAI's model list: the one model this server embeds with."""
+    return ModelList(data=[served_model(batcher)])
+
+
+@router.get(
+    "/v1/models/{model:path}", dependencies=[Depends(require_key)], responses={**ERRORS, 404: {"model": ErrorResponse}}
+)
+async def model(model: str, batcher: Batcher = Depends(ready_batcher)) -> Model:
+    """OpenAI's model retrieval; the served model by its name or by the path or hub id it was loaded from."""
+    if model not in (batcher.backend.name, batcher.backend.model_path):
+        raise ApiError(404, f"this server serves model {batcher.backend.name!r}, not {model!r}", "not_found", "model")
+    return served_model(batcher)
+
+
+def served_model(batcher: Batcher) -> Model:
+    return Model(id=batcher.backend.name, created=batcher.backend.created, owned_by="setpo")
+
+
 def request_body(model: type[BaseModel]) -> dict:
     """OpenAPI for a body the route reads itself (publish_request_bodies adds the schema to the components)."""
     schema = {"$ref": f"#/components/schemas/{model.__name__}"}
@@ -213,17 +237,18 @@ def publish_request_bodies(app: FastAPI) -> None:
     """/openapi.json with the request models of the routes that read their own body (clients test against it)."""
     default_openapi = app.openapi
 
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = default_openapi()
+    def openapi() -> dict[str, Any]:
+        schema = app.openapi_schema
+        if schema is None:
+            schema = default_openapi()  # also kept as app.openapi_schema
             _, definitions = models_json_schema(
                 [(DiversityRequest, "validation"), (EmbeddingsRequest, "validation")],
                 ref_template="#/components/schemas/{model}",
             )
             schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
-        return app.openapi_schema
+        return schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend its schema
 
 
 @router.post(
@@ -288,7 +313,7 @@ async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)
 
     embedded = await until_done_or_gone(request, embed_texts(batcher, texts), "input")
 
-    def serialised() -> bytes:  # in a worker thread: thousands of vectors must not hold the event loop
+    def serialised() -> str:  # in a worker thread: thousands of vectors must not hold the event loop
         rows = embedded.embeddings  # (n, dim)
         if body.dimensions is not None:
             rows = unit_rows(rows[:, : body.dimensions])

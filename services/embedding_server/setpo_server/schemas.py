@@ -31,7 +31,7 @@ class Group(BaseModel):
     def _one_kind_of_member(self) -> "Group":
         if (self.texts is None) == (self.embeddings is None):
             raise ValueError("give exactly one of 'texts' or 'embeddings'")
-        size = len(self.texts if self.texts is not None else self.embeddings)
+        size = self.size
         if size < 3:
             raise ValueError(f"has {size} members; leave-one-out marginals need at least 3")
         if self.embeddings is not None:
@@ -46,12 +46,14 @@ class Group(BaseModel):
             # (G, d) float64 as soon as the group is valid: 8 bytes a value where a Python float list holds 32, so
             # a body of embeddings parses in about half the memory (docs/reliability.md); float64 so extreme norms
             # survive until cosine_kernel scales each row.
-            self.embeddings = np.asarray(self.embeddings, dtype=np.float64)
+            self.embeddings = np.asarray(self.embeddings, dtype=np.float64)  # type: ignore[assignment]
         return self
 
     @property
     def size(self) -> int:
-        return len(self.texts if self.texts is not None else self.embeddings)
+        members = self.texts if self.texts is not None else self.embeddings
+        assert members is not None  # the validator asks for exactly one of them
+        return len(members)
 
 
 class DiversityRequest(BaseModel):
@@ -99,7 +101,7 @@ class EmbeddingsRequest(BaseModel):
 
     @field_validator("input", mode="before")
     @classmethod
-    def _no_token_ids(cls, value):
+    def _no_token_ids(cls, value: object) -> object:
         if isinstance(value, list) and value and not isinstance(value[0], str):
             raise ValueError("token-id input is not supported; send text (a string or a list of strings)")
         if isinstance(value, list) and not value:
@@ -124,6 +126,20 @@ class EmbeddingsResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: EmbeddingsUsage
+
+
+class Model(BaseModel):
+    """OpenAI's model object, so OpenAI-compatible tools find the served model."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="When this server loaded the model (Unix seconds).")
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
 
 
 class Limits(BaseModel):

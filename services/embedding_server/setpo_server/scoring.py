@@ -60,6 +60,7 @@ def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, 
     members, next_row = [], 0
     for group in groups:
         if group.texts is not None:
+            assert embedded is not None  # the caller embedded every text group
             members.append(embedded.embeddings[next_row : next_row + group.size])
             next_row += group.size
         else:
@@ -67,7 +68,7 @@ def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, 
     buckets: dict[tuple, list[int]] = {}
     for b, rows in enumerate(members):
         buckets.setdefault((*rows.shape, rows.dtype), []).append(b)
-    results: list[GroupResult | None] = [None] * len(groups)
+    results: dict[int, GroupResult] = {}
     for (size, *_), bucket in buckets.items():
         step = max(1, SCORE_CHUNK_ROWS // size)
         for start in range(0, len(bucket), step):
@@ -81,7 +82,7 @@ def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, 
             finite = advantages.isfinite().all(dim=-1).tolist()
             # one conversion per chunk, not per group: thousands of groups share a chunk
             marginals, masses, scores = scored.marginals.tolist(), scored.local_mass.tolist(), scored.set_score.tolist()
-            advantages = advantages.tolist()
+            shaped = advantages.tolist()
             for row, b in enumerate(indices):
                 if groups[b].rewards is not None and not finite[row]:
                     message = "shaped advantages overflow float64; rescale the rewards or lower the weight"
@@ -91,6 +92,6 @@ def score_groups(groups: list[Group], embedded: Embedded | None, weight: float, 
                     local_mass=masses[row],
                     set_score=scores[row],
                     saturation=saturation[row],
-                    advantages=advantages[row] if groups[b].rewards is not None else None,
+                    advantages=shaped[row] if groups[b].rewards is not None else None,
                 )
-    return results
+    return [results[b] for b in range(len(groups))]

@@ -1,4 +1,4 @@
-"""Every knob of the service: SETPO_* environment variables, or `setpo-server --flag` (flags win; README lists each).
+"""Every knob of the service: SETPO_* environment variables, or `setpo-server --flag` (flags win; docs/service.md lists each).
 
 Each field's docstring is its `--help` text (pydantic-settings' CLI, which also prints the variable and default).
 """

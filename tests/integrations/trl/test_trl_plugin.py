@@ -8,6 +8,7 @@ from trl import GRPOConfig, GRPOTrainer
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.integrations.trl import SetpoGRPOTrainer
 from setpo_server.local import free_port
+from tests.integrations.trl import spy as trl_spy
 from tests.tiny_model import tiny_llama
 
 WEIGHT = 0.5
@@ -26,25 +27,7 @@ def varied_reward(completions, **kwargs):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Records what TRL itself computed and what its loss then received (wrapping the real methods)."""
-    seen = {"trl": [], "loss": []}
-    generate, loss = GRPOTrainer._generate_and_score_completions, GRPOTrainer.compute_loss
-
-    def record_generate(self, inputs):
-        output = generate(self, inputs)
-        texts = self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=True)
-        seen["trl"].append((output["advantages"].clone(), texts))
-        return output
-
-    def record_loss(self, model, inputs, *args, **kwargs):
-        # TRL shuffles a generated batch before the loss: keep each advantage with its completion
-        texts = self.processing_class.batch_decode(inputs["completion_ids"], skip_special_tokens=True)
-        seen["loss"].append(dict(zip(texts, inputs["advantages"].tolist())))
-        return loss(self, model, inputs, *args, **kwargs)
-
-    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", record_generate)
-    monkeypatch.setattr(GRPOTrainer, "compute_loss", record_loss)
-    return seen
+    return trl_spy.install(monkeypatch.setattr)
 
 
 def make_trainer(model, client, tmp_path, on_error="skip", max_steps=2, **config):
@@ -220,7 +203,7 @@ def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model,
     import sys
     from pathlib import Path
 
-    script = Path(__file__).with_name("two_process_run.py")
+    root = Path(__file__).parents[3]  # the script imports the shared spy from the tests package
     torchrun = Path(sys.executable).with_name("torchrun")  # two CPU processes; accelerate picks gloo from the env
     run = subprocess.run(
         [
@@ -231,7 +214,8 @@ def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model,
             "127.0.0.1",
             "--master_port",
             str(free_port()),
-            str(script),
+            "--module",
+            "tests.integrations.trl.two_process_run",
             tiny_model,
             server.url,
             str(tmp_path),
@@ -239,6 +223,7 @@ def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model,
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=root,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -258,7 +243,7 @@ def test_two_processes_with_fail_and_the_service_down_all_raise_instead_of_waiti
     import sys
     from pathlib import Path
 
-    script = Path(__file__).with_name("two_process_run.py")
+    root = Path(__file__).parents[3]  # the script imports the shared spy from the tests package
     torchrun = Path(sys.executable).with_name("torchrun")
     down = f"http://127.0.0.1:{free_port()}"
     run = subprocess.run(
@@ -270,7 +255,8 @@ def test_two_processes_with_fail_and_the_service_down_all_raise_instead_of_waiti
             "127.0.0.1",
             "--master_port",
             str(free_port()),
-            str(script),
+            "--module",
+            "tests.integrations.trl.two_process_run",
             tiny_model,
             down,
             str(tmp_path),
@@ -279,6 +265,7 @@ def test_two_processes_with_fail_and_the_service_down_all_raise_instead_of_waiti
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=root,
     )
     assert run.returncode != 0
     for rank in (0, 1):  # rank 1 never talks to the service: it gets rank 0's error through the broadcast

@@ -8,31 +8,15 @@ import sys
 
 import torch
 from datasets import Dataset
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.integrations.trl import SetpoGRPOTrainer
+from tests.integrations.trl import spy as trl_spy
 
 model_path, url, out = sys.argv[1:4]
 on_error = sys.argv[4] if len(sys.argv) > 4 else "skip"
-seen = {"trl": [], "loss": []}
-generate, loss = GRPOTrainer._generate_and_score_completions, GRPOTrainer.compute_loss
-
-
-def record_generate(self, inputs):
-    output = generate(self, inputs)
-    texts = self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=True)
-    seen["trl"].append({"advantages": output["advantages"].tolist(), "texts": texts})
-    return output
-
-
-def record_loss(self, model, inputs, *args, **kwargs):
-    texts = self.processing_class.batch_decode(inputs["completion_ids"], skip_special_tokens=True)
-    seen["loss"].append(dict(zip(texts, inputs["advantages"].tolist())))
-    return loss(self, model, inputs, *args, **kwargs)
-
-
-GRPOTrainer._generate_and_score_completions, GRPOTrainer.compute_loss = record_generate, record_loss
+seen = trl_spy.install()
 # 2 completions per process and 4 generations per prompt: the step's one group straddles the two processes
 args = GRPOConfig(
     output_dir=out,
@@ -64,5 +48,6 @@ except SetpoError as exc:
         file.write(str(exc))
     raise
 with open(os.path.join(out, f"rank{rank}.json"), "w") as file:
-    json.dump({"rank": rank, **seen}, file)
+    trl = [{"advantages": advantages.tolist(), "texts": texts} for advantages, texts in seen["trl"]]
+    json.dump({"rank": rank, "trl": trl, "loss": seen["loss"]}, file)
 torch.distributed.barrier() if torch.distributed.is_initialized() else None

@@ -23,6 +23,7 @@ without SetPO) and warns when TRL is not the tested version.
 
 import logging
 import time
+from typing import Any
 
 import torch
 import trl
@@ -81,7 +82,8 @@ class SetpoGRPOTrainer(GRPOTrainer):
         ]
         texts = gather_object(local)  # every process's completions, in TRL's gather order: groups are consecutive
         size = self.num_generations
-        payload, error = [None], None
+        payload: list[Any] = [None]
+        error = None
         if self.accelerator.is_main_process:
             try:
                 step = self.setpo.score([texts[i : i + size] for i in range(0, len(texts), size)], started=started)

@@ -36,6 +36,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,7 +129,7 @@ def check_start(config, trainer_class) -> None:
 
 
 def shape_sessions(
-    texts: list[str | None], uids: Sequence, sessions: Sequence[tuple], shaper: SetpoShaper, started: float
+    texts: list[str | None], uids: Sequence, sessions: Sequence[tuple | None], shaper: SetpoShaper, started: float
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """lambda * s_i for every row (B,) and the step's setpo/* metrics. sessions[row] = (session, output index) or
     None for a row that is not part of any group (padding). A session's member of its uid's group is its final
@@ -245,7 +246,8 @@ def install() -> None:
         check_start(config, type(self))
         original_v0_init(self, config, *args, **kwargs)
 
-    for wrapper in (compute_advantage, _compute_advantage, v1_init, v0_init):
+    wrappers: tuple[Any, ...] = (compute_advantage, _compute_advantage, v1_init, v0_init)
+    for wrapper in wrappers:
         wrapper.setpo_wrapped = True
     ray_trainer.compute_advantage = compute_advantage
     ray_trainer.compute_data_metrics = compute_data_metrics

@@ -51,14 +51,14 @@ def run_openrlhf_main(answer: Callable[[argparse.ArgumentParser], argparse.Names
     original = argparse.ArgumentParser.parse_args
 
     def answer_once(parser, *args, **kwargs):
-        argparse.ArgumentParser.parse_args = original
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
         return answer(parser)
 
-    argparse.ArgumentParser.parse_args = answer_once
+    argparse.ArgumentParser.parse_args = answer_once  # type: ignore[method-assign,assignment]
     try:
         runpy.run_module(OPENRLHF_MAIN, run_name="__main__")
     finally:
-        argparse.ArgumentParser.parse_args = original
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
 
 
 def openrlhf_parser() -> argparse.ArgumentParser:

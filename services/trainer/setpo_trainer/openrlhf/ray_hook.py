@@ -75,6 +75,8 @@ class _RebindOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             spec = importlib.util.find_spec(name)
         finally:
             sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec  # not installed: the import fails as it would without us
         self.loader = spec.loader
         spec.loader = self
         return spec

@@ -15,15 +15,15 @@ FORMAT_SCORE = 0.1  # paper, section 5.2: "an auxiliary format reward term with 
 
 
 def reward_func(queries: list[str], prompts: list[str], labels: list, **kwargs) -> dict:
-    rewards = []
+    values = []
     for query, prompt, label in zip(queries, prompts, labels):
         puzzle = json.loads(label) if isinstance(label, str) else label
         if not isinstance(puzzle, dict) or not {"numbers", "target"} <= puzzle.keys():
             raise ValueError(f"a Countdown label is {{'numbers': [...], 'target': N}} (JSON), got {label!r}")
-        rewards.append(
+        values.append(
             countdown_reward(response_text(query, prompt), list(puzzle["numbers"]), int(puzzle["target"]), FORMAT_SCORE)
         )
-    rewards = torch.tensor(rewards)  # (B,)
+    rewards = torch.tensor(values)  # (B,)
     solved = (rewards == 1.0).float()  # (B,)
     # rewards (with the format term) feed the advantages; scores = solved or not feed DAPO's dynamic filtering
     return {"rewards": rewards, "scores": solved, "extra_logs": {"format_ok": (rewards > 0).float()}}

@@ -1,0 +1,36 @@
+"""OpenAI-compatible tooling against the real server: the official `openai` package lists the model, retrieves
+it and embeds with it (its default request asks for base64), as it would against OpenAI's API."""
+
+import openai
+import pytest
+import torch
+
+TEXTS = ["The answer is 60.", "Let x be the number of eggs; then x / 5 = 12 and x = 60.", "12 * 5 = 60"]
+
+
+@pytest.fixture
+def openai_client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def test_the_model_list_names_the_served_model(openai_client, client):
+    listed = openai_client.models.list().data
+    assert [(m.id, m.object, m.owned_by) for m in listed] == [("all-MiniLM-L6-v2", "model", "setpo")]
+    assert listed[0].created > 1_700_000_000  # when the server loaded it, in Unix seconds
+    assert openai_client.models.retrieve("all-MiniLM-L6-v2") == listed[0]
+    with pytest.raises(openai.NotFoundError, match="serves model 'all-MiniLM-L6-v2', not 'gpt-4o'"):
+        openai_client.models.retrieve("gpt-4o")
+    mine = client.models().data[0]  # setpo's own client reads the same
+    assert (mine.id, mine.created, mine.owned_by) == (listed[0].id, listed[0].created, listed[0].owned_by)
+
+
+def test_embeddings_create_with_its_default_base64_equals_in_process_encode(openai_client, st_model):
+    model = openai_client.models.list().data[0].id
+    served = openai_client.embeddings.create(model=model, input=TEXTS)
+    assert [item.index for item in served.data] == [0, 1, 2] and served.model == model
+    vectors = torch.tensor([item.embedding for item in served.data])
+    local = st_model.encode(TEXTS, convert_to_tensor=True, normalize_embeddings=True)
+    assert torch.allclose(vectors, local, atol=1e-5)
+    floats = openai_client.embeddings.create(model=model, input=TEXTS, encoding_format="float")
+    assert torch.allclose(torch.tensor([item.embedding for item in floats.data]), vectors, atol=1e-6)
