@@ -7,7 +7,7 @@ TEST_TARGETS += test-trl
 
 $(TRL_STAMP): requirements/trl.lock clients/python/pyproject.toml services/trainer/pyproject.toml services/embedding_server/pyproject.toml
 	$(call venv,$(VENV_TRL),-c requirements/trl.lock -e core -e services/embedding_server -e 'clients/python[trl]' \
-		-e services/trainer pytest pytest-timeout gguf accelerate reasoning-gym,$(DATA_PACKAGES))
+		-e 'services/trainer[data]' pytest pytest-timeout gguf accelerate,$(DATA_PACKAGES))
 
 test-trl: $(TRL_STAMP)
 	$(VENV_TRL)/bin/python -m pytest tests/integrations/trl

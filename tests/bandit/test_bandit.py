@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-from tqdm import tqdm
 
 from setpo_client import SetpoClient
 from setpo_client.shaping import SetpoShaper
@@ -32,16 +31,16 @@ def test_setpo_keeps_more_rewarded_modes_alive_than_grpo_without_losing_reward(s
 def test_a_step_that_falls_back_is_exactly_a_grpo_step():
     args = bandit.parse_args(["--url", "x", "--out", "x", "--steps", "40"])
     down = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0)
-    grpo = bandit.train(args, SetpoShaper(down, weight=0.0), seed=5, progress=tqdm(disable=True))
+    grpo = bandit.train(args, SetpoShaper(down, weight=0.0), seed=5)
     fallen_back = SetpoShaper(down, weight=2.0, on_error="skip")
-    setpo = bandit.train(args, fallen_back, seed=5, progress=tqdm(disable=True))
+    setpo = bandit.train(args, fallen_back, seed=5)
     assert setpo["probs"] == grpo["probs"]
     assert fallen_back.fallback_steps == 40 and setpo["metrics"][-1]["setpo/fallback_steps"] == 40
 
 
 def test_setpo_metrics_are_logged_every_step(client):
     args = bandit.parse_args(["--url", "x", "--out", "x", "--steps", "5"])
-    run = bandit.train(args, SetpoShaper(client, weight=2.0), seed=0, progress=tqdm(disable=True))
+    run = bandit.train(args, SetpoShaper(client, weight=2.0), seed=0)
     assert len(run["probs"]) == 6 and len(run["metrics"]) == 5
     for step in run["metrics"]:
         assert {"setpo/set_score_mean", "setpo/marginal_std", "setpo/saturation", "setpo/duplicate_share"} <= set(step)

@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def train(args: argparse.Namespace, shaper: SetpoShaper, seed: int, progress: tqdm) -> dict:
+def train(args: argparse.Namespace, shaper: SetpoShaper, seed: int, progress: tqdm | None = None) -> dict:
     """One run. Returns per-step mode probabilities (steps + 1, modes) and per-step SetPO metrics."""
     generator = torch.Generator().manual_seed(seed)
     # The modes are the same for every seed and method; the seed changes the start and the sampling.
@@ -98,7 +98,8 @@ def train(args: argparse.Namespace, shaper: SetpoShaper, seed: int, progress: tq
         history.append(torch.softmax(logits, 0))
         step.metrics["reward_mean"] = rewards.mean().item()
         metrics.append(step.metrics)
-        progress.update()
+        if progress is not None:
+            progress.update()
     return {"probs": torch.stack(history).tolist(), "metrics": metrics}
 
 
