@@ -28,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--kind", choices=["math", "countdown"], help="what a .jsonl dataset holds")
     for field in datasets.FieldMap.__dataclass_fields__:
         run.add_argument(f"--{field}-field", default=field, help=f"JSONL key of the {field} (default: {field})")
+    run.add_argument("--prompt-field", help="JSONL key of each problem's exact prompt (default: the paper's prompt)")
     run.add_argument("--limit", type=int, help="first N problems (Countdown: how many to draw)")
     run.add_argument("--n", type=int, default=64, help="samples per problem (paper: 64)")
     run.add_argument("--temperature", type=float, default=0.5)
@@ -58,7 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     fields = datasets.FieldMap(**{f: getattr(args, f"{f}_field") for f in datasets.FieldMap.__dataclass_fields__})
-    problems = datasets.load(args.dataset, args.limit, args.kind, fields, args.seed)
+    if args.prompt_field and not args.dataset.endswith(".jsonl"):
+        raise SystemExit("--prompt-field needs a .jsonl dataset")
+    problems = datasets.load(args.dataset, args.limit, args.kind, fields, args.seed, args.prompt_field)
     if args.samples:
         by_problem: dict[str, list[str]] = {}
         for line in args.samples.read_text().splitlines():

@@ -32,16 +32,21 @@ class Problem:
     answer: str | None = None  # math: the reference final answer
     numbers: tuple[int, ...] = ()  # countdown
     target: int | None = None  # countdown
+    own_prompt: str | None = None  # the exact prompt to give the model (a JSONL's --prompt-field), else the paper's
 
     @property
     def prompt(self) -> str:
+        if self.own_prompt is not None:
+            return self.own_prompt
         if self.kind == "countdown":
             return COUNTDOWN_TEMPLATE.format(numbers=list(self.numbers), target=self.target)
         return self.question + MATH_SUFFIX
 
     def reward(self, response: str) -> float:
         if self.kind == "countdown":
+            assert self.target is not None  # every Countdown problem is loaded with its target
             return countdown_reward(response, list(self.numbers), self.target)
+        assert self.answer is not None  # every math problem is loaded with its answer
         return math_reward(response, self.answer)
 
     def correct_answer(self, response: str) -> str | None:
@@ -50,7 +55,7 @@ class Problem:
         if self.reward(response) != 1.0:
             return None
         if self.kind == "countdown":
-            return "".join(extract_expression(response).split())
+            return "".join((extract_expression(response) or "").split())  # a correct one has an expression
         return extract_final_answer(response)
 
 
@@ -83,8 +88,13 @@ def load_countdown(size: int = 200, seed: int = 0) -> list[Problem]:
     ]
 
 
-def load_jsonl(path: str | Path, kind: Literal["math", "countdown"], fields: FieldMap = FieldMap()) -> list[Problem]:
+def load_jsonl(
+    path: str | Path, kind: Literal["math", "countdown"], fields: FieldMap = FieldMap(), prompt_field: str | None = None
+) -> list[Problem]:
+    """prompt_field: a key holding each problem's exact prompt (e.g. for a model trained on its own prompt
+    format); without it the paper's prompt is built from the question or the numbers and target."""
     needed = [fields.question, fields.answer] if kind == "math" else [fields.numbers, fields.target]
+    needed += [prompt_field] if prompt_field else []
     try:
         rows = read_jsonl(path, needed)
     except ValueError as exc:
@@ -92,8 +102,11 @@ def load_jsonl(path: str | Path, kind: Literal["math", "countdown"], fields: Fie
     problems = []
     for line_no, row in rows:
         problem_id = str(row.get(fields.id, line_no))
+        own = str(row[prompt_field]) if prompt_field else None
         if kind == "math":
-            problems.append(Problem(problem_id, "math", str(row[fields.question]), str(row[fields.answer])))
+            problems.append(
+                Problem(problem_id, "math", str(row[fields.question]), str(row[fields.answer]), own_prompt=own)
+            )
         else:
             numbers = tuple(int(n) for n in row[fields.numbers])
             problems.append(
@@ -103,13 +116,19 @@ def load_jsonl(path: str | Path, kind: Literal["math", "countdown"], fields: Fie
                     str(row.get(fields.question, "")),
                     numbers=numbers,
                     target=int(row[fields.target]),
+                    own_prompt=own,
                 )
             )
     return problems
 
 
 def load(
-    name: str, limit: int | None = None, kind: str | None = None, fields: FieldMap = FieldMap(), seed: int = 0
+    name: str,
+    limit: int | None = None,
+    kind: Literal["math", "countdown"] | None = None,
+    fields: FieldMap = FieldMap(),
+    seed: int = 0,
+    prompt_field: str | None = None,
 ) -> list[Problem]:
     """gsm8k | math500 | countdown | a path to a .jsonl file (then `kind` says math or countdown)."""
     if name == "gsm8k":
@@ -121,7 +140,7 @@ def load(
     elif name.endswith(".jsonl"):
         if kind not in ("math", "countdown"):
             raise ValueError("a JSONL dataset needs --kind math or --kind countdown")
-        problems = load_jsonl(name, kind, fields)
+        problems = load_jsonl(name, kind, fields, prompt_field)
     else:
         raise ValueError(f"unknown dataset {name!r}: use gsm8k, math500, countdown or a .jsonl file")
     return problems[:limit] if limit else problems

@@ -1,10 +1,13 @@
 """n samples per prompt from a local model: vLLM when it is installed and a GPU is there, else transformers."""
 
 import importlib.util
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from transformers import BatchEncoding
 
 Backend = Literal["auto", "transformers", "vllm"]
 
@@ -41,8 +44,14 @@ def generate(
     samples = []
     for prompt in tqdm(prompts, desc="generating", unit="problem"):
         if use_chat:
-            encoded = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            encoded = cast(
+                "BatchEncoding",
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}],
+                    add_generation_prompt=True,
+                    return_tensors="pt",
+                    return_dict=True,
+                ),
             )
         else:
             encoded = tokenizer(prompt, return_tensors="pt")
@@ -57,7 +66,7 @@ def generate(
                 pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
             )
         start = encoded["input_ids"].shape[1]
-        samples.append([tokenizer.decode(row[start:], skip_special_tokens=True) for row in output])
+        samples.append(tokenizer.batch_decode(output[:, start:], skip_special_tokens=True))
     return samples
 
 
