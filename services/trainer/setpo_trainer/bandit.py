@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"SetPO's time per step: {summary['setpo_time_ms_median']:.0f} ms (median), "
         f"{summary['setpo_time_share_mean']:.0%} of this toy's step, whose own update takes microseconds; "
-        "next to an LLM's generation and backward pass it is a small share (docs/experiments.md)"
+        "beside an LLM's generation and backward pass it weighs far less (measured in docs/experiments.md)"
     )
     fallbacks = sum(run["metrics"][-1]["setpo/fallback_steps"] for run in results["setpo"].values())
     if fallbacks:
