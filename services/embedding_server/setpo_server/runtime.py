@@ -67,8 +67,8 @@ def use_threads(setting: int | str) -> int:
         threads = int(setting)
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
-    # Only a change: calling it with torch's own count made every forward pass ~4 % slower (docs/benchmarks.md
-    # section 11), so a machine whose cores are all usable keeps torch's defaults untouched.
+    # Only a change: called with the count torch already uses, it slowed every forward pass (docs/benchmarks.md
+    # section 11), so torch's own sizing is left alone when it already matches.
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads
