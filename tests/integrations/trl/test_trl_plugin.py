@@ -1,5 +1,10 @@
 """SetpoGRPOTrainer in real few-step TRL GRPO runs on CPU, against the real running service."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from datasets import Dataset
@@ -30,12 +35,14 @@ def spy(monkeypatch):
     return trl_spy.install(monkeypatch.setattr)
 
 
-def make_trainer(model, client, tmp_path, on_error="skip", max_steps=2, **config):
+def make_trainer(
+    model, client, tmp_path, on_error="skip", max_steps=2, max_completion_length=12, rollout_func=None, **config
+):
     args = GRPOConfig(
         output_dir=str(tmp_path),
         per_device_train_batch_size=8,
         num_generations=4,
-        max_completion_length=12,
+        max_completion_length=max_completion_length,
         max_steps=max_steps,
         learning_rate=1e-4,
         beta=0.0,
@@ -51,6 +58,7 @@ def make_trainer(model, client, tmp_path, on_error="skip", max_steps=2, **config
         reward_funcs=varied_reward,
         args=args,
         train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+        rollout_func=rollout_func,
         setpo_client=client,
         setpo_weight=WEIGHT,
         setpo_on_error=on_error,
@@ -110,28 +118,8 @@ def scripted_rollout(prompts, trainer):
 def test_only_the_policys_tokens_are_embedded_and_the_completions_table_shows_shaped_advantages(
     tiny_model, client, spy, tmp_path
 ):
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=64,
-        max_steps=1,
-        learning_rate=1e-4,
-        beta=0.0,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-    )
-    trainer = SetpoGRPOTrainer(
-        model=tiny_model,
-        reward_funcs=varied_reward,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
-        rollout_func=scripted_rollout,
-        setpo_client=client,
-        setpo_weight=WEIGHT,
+    trainer = make_trainer(
+        tiny_model, client, tmp_path, max_steps=1, max_completion_length=64, rollout_func=scripted_rollout
     )
     trainer.train()
     (base, full_texts), trained_on = spy["trl"][0], spy["loss"][0]
@@ -160,8 +148,6 @@ def test_a_trl_outside_the_tested_range_is_said_at_start(tiny_model, client, tmp
 
 
 def test_the_key_is_in_no_log_printed_argument_or_tracker_config(tiny_model, tmp_path, monkeypatch, caplog, capsys):
-    import json
-
     from setpo_server.local import LocalServer
 
     key = "trl-secret-key-91c0"
@@ -197,34 +183,17 @@ def test_service_down_with_fail_stops_training_with_a_clear_error(tiny_model, tm
         trainer.train()
 
 
-def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model, server, client, tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
+def run_two_processes(tiny_model: str, url: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """two_process_run under `torchrun --nproc_per_node 2` on CPU (accelerate picks gloo from the environment),
+    from the repository root: the script imports the shared spy from the tests package."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    module = ["--module", "tests.integrations.trl.two_process_run", tiny_model, url, str(out), *extra]
+    return subprocess.run(command + module, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[3])
 
-    root = Path(__file__).parents[3]  # the script imports the shared spy from the tests package
-    torchrun = Path(sys.executable).with_name("torchrun")  # two CPU processes; accelerate picks gloo from the env
-    run = subprocess.run(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            "--module",
-            "tests.integrations.trl.two_process_run",
-            tiny_model,
-            server.url,
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=root,
-    )
+
+def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model, server, client, tmp_path):
+    run = run_two_processes(tiny_model, server.url, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     texts = ranks[0]["trl"][0]["texts"] + ranks[1]["trl"][0]["texts"]  # TRL's gather order: rank 0 then rank 1
@@ -239,34 +208,7 @@ def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model,
 
 
 def test_two_processes_with_fail_and_the_service_down_all_raise_instead_of_waiting(tiny_model, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).parents[3]  # the script imports the shared spy from the tests package
-    torchrun = Path(sys.executable).with_name("torchrun")
-    down = f"http://127.0.0.1:{free_port()}"
-    run = subprocess.run(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            "--module",
-            "tests.integrations.trl.two_process_run",
-            tiny_model,
-            down,
-            str(tmp_path),
-            "fail",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=root,
-    )
+    run = run_two_processes(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "fail")
     assert run.returncode != 0
     for rank in (0, 1):  # rank 1 never talks to the service: it gets rank 0's error through the broadcast
         assert "cannot reach the setpo server" in (tmp_path / f"rank{rank}.error").read_text()
