@@ -41,7 +41,10 @@ $(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml service
 	$(call venv,$(VENV),-c requirements/dev.lock -r requirements/dev.txt -e core -e services/embedding_server \
 		-e clients/python -e 'services/trainer[eval]',$(DATA_PACKAGES))
 
-include $(wildcard mk/*.mk)
+# A rule's prerequisites expand as its file is read: trl.mk (the .venv-trl stamp) before experiment.mk, which
+# runs in that venv (tests/build/test_make.py).
+include mk/trl.mk
+include $(filter-out mk/trl.mk,$(wildcard mk/*.mk))
 
 # lint first: the fastest check, so a red CI says so within minutes
 test: lint $(TEST_TARGETS)
