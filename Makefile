@@ -42,7 +42,7 @@ $(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml service
 		-e clients/python -e 'services/trainer[eval]',$(DATA_PACKAGES))
 
 # A rule's prerequisites expand as its file is read: trl.mk (the .venv-trl stamp) before experiment.mk, which
-# runs in that venv (tests/build/test_make.py).
+# runs in that venv (tests/makefile/test_make.py).
 include mk/trl.mk
 include $(filter-out mk/trl.mk,$(wildcard mk/*.mk))
 
