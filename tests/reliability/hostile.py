@@ -11,6 +11,7 @@ full form (`make soak`):
 import argparse
 import contextlib
 import json
+import select
 import socket
 import statistics
 import subprocess
@@ -173,7 +174,8 @@ def wrong_key_bodies(server: LocalServer, outcome: Outcome, full: bool) -> None:
 def slowloris(server: LocalServer, outcome: Outcome, full: bool) -> None:
     """Connections that send their headers, or their body, a few bytes at a time."""
     count, seconds = (200, 40) if full else (50, 8)
-    receive_timeout = httpx.get(server.url + "/info", headers=AUTH).json()["limits"]["receive_timeout"]
+    limits = httpx.get(server.url + "/info", headers=AUTH).json()["limits"]
+    assert limits["header_timeout"] < seconds, "the header senders must outlast SETPO_HEADER_TIMEOUT"
     heads, bodies = [], []
     for i in range(count):
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
@@ -189,12 +191,15 @@ def slowloris(server: LocalServer, outcome: Outcome, full: bool) -> None:
             heads.append(sock)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        for sock in heads + bodies:
+        answered = set(select.select(heads + bodies, [], [], 0)[0])  # sending after the answer would reset it
+        for sock in set(heads + bodies) - answered:
             with contextlib.suppress(OSError):
                 sock.sendall(b"X-a: b\r\n" if sock in heads else b" ")
         time.sleep(1)
-    answer_by = time.monotonic() + receive_timeout + 15
-    for sock in bodies:  # cut off by SETPO_RECEIVE_TIMEOUT (408) or by SETPO_MAX_CONCURRENT_REQUESTS (503)
+    answer_by = time.monotonic() + max(limits["receive_timeout"], limits["header_timeout"]) + 15
+    # body senders: SETPO_RECEIVE_TIMEOUT (408) or SETPO_MAX_CONCURRENT_REQUESTS (503); header senders: 408 from
+    # SETPO_HEADER_TIMEOUT, well within the scenario
+    for sock in heads + bodies:
         sock.settimeout(max(0.1, answer_by - time.monotonic()))
         try:
             outcome.statuses[sock.recv(64).split(b" ")[1].decode()] += 1
@@ -264,7 +269,7 @@ def run_hostile(full: bool = False) -> tuple[list[Outcome], bool, str]:
     """Every scenario against one server; returns the outcomes, whether the process survived, and its log."""
     outcomes = []
     # the quick form cuts slow senders off sooner, so that it fits in make test
-    with LocalServer(api_key=KEY, **({} if full else {"receive_timeout": 5})) as server:
+    with LocalServer(api_key=KEY, **({} if full else {"receive_timeout": 5, "header_timeout": 5})) as server:
         for scenario in SCENARIOS:
             outcome = Outcome(scenario.__name__)
             with Watch(server, outcome):

@@ -26,5 +26,6 @@ def test_hostile_clients_get_4xx_never_5xx_and_the_service_survives_within_its_m
     by_name = {outcome.name: outcome for outcome in outcomes}
     assert by_name["amplification"].statuses == {"422": 3, "200": 2}
     assert by_name["wrong_key_bodies"].statuses["401"] == 8
+    assert by_name["slowloris"].statuses["408"] >= 25, "a header sender was not cut off by SETPO_HEADER_TIMEOUT"
     assert by_name["huge_job_and_small_callers"].small_callers_ms, "no small caller ran while the big job did"
     assert "Traceback" not in log

@@ -1,6 +1,7 @@
 """Work is bounded before it is done: every row counts (duplicates, embedding rows, /v1/embeddings input), a wrong
-key is refused before the body is read, slow senders are cut off, and too many requests at once get 503."""
+key is refused before the body is read, slow senders (of headers or body) are cut off, and too many requests at once get 503."""
 
+import select
 import socket
 import threading
 import time
@@ -9,6 +10,7 @@ import httpx
 import pytest
 
 from setpo_server.local import LocalServer
+from tests.metrics import metric
 
 KEY = "limits-test-key-51f0"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -22,6 +24,7 @@ def limited():
         max_embedding_inputs=16,
         max_concurrent_requests=2,
         receive_timeout=2,
+        header_timeout=2,
         max_queue_tokens=400,
     ) as server:
         yield server
@@ -81,6 +84,46 @@ def test_a_stalled_sender_gets_408_after_the_receive_timeout(limited):
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"SETPO_RECEIVE_TIMEOUT" in answer
     assert time.monotonic() - started < 20  # cut off, not held until the caller gives up
+
+
+@pytest.mark.parametrize(
+    ("start", "trickle"),
+    [
+        (b"", False),
+        (b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\n", True),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\n", True),
+    ],
+    ids=["silent", "a-header-line-a-second", "second-request-on-keep-alive"],
+)
+def test_a_connection_whose_headers_do_not_arrive_in_time_gets_408_and_is_closed(limited, start, trickle):
+    """Headers never sent, or trickled a line a second (slowloris), would each hold a connection and a file
+    descriptor forever: cut after SETPO_HEADER_TIMEOUT, however often a byte comes."""
+    with socket.create_connection(("127.0.0.1", limited.port), timeout=30) as sock:
+        started = time.monotonic()
+        sock.sendall(start)
+        answer = b""
+        while time.monotonic() - started < 8:
+            if select.select([sock], [], [], 1)[0]:
+                if not (chunk := sock.recv(4096)):
+                    break  # closed by the server
+                answer += chunk
+            elif trickle:  # each line would reset a timer that only measured silence
+                sock.sendall(b"X-a: b\r\n")
+        took = time.monotonic() - started
+    last = answer[answer.rfind(b"HTTP/1.1 ") :]
+    assert last.startswith(b"HTTP/1.1 408"), answer
+    assert b"SETPO_HEADER_TIMEOUT=2" in last and b"connection: close" in last.lower()
+    assert 2 <= took < 5, took  # not before the timeout, and not held until the caller gives up
+    assert metric(limited, "setpo_connections_timed_out_total") >= 1
+
+
+def test_headers_sent_in_time_are_served_however_long_the_connection_lives(limited):
+    """The deadline is per request: a keep-alive connection making requests for longer than it is served."""
+    with httpx.Client(base_url=limited.url) as client:
+        started = time.monotonic()
+        while time.monotonic() - started < 3:
+            assert client.get("/health").status_code == 200
+            time.sleep(0.5)
 
 
 def test_requests_over_the_concurrency_limit_get_503_with_retry_after_before_their_body(limited):

@@ -20,6 +20,7 @@ NEWER_SERVER_FIELDS = {
         "max_queue_tokens",
         "max_concurrent_requests",
         "receive_timeout",
+        "header_timeout",
     },
     "Info": {"threads", "truncate_chars"},
 }
@@ -126,6 +127,7 @@ class Limits(_Response):
     max_queue_tokens: int | None = None
     max_concurrent_requests: int | None = None
     receive_timeout: float | None = None
+    header_timeout: float | None = None
 
 
 class Info(_Response):

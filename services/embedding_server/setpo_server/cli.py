@@ -33,13 +33,20 @@ def main() -> None:
     threads = use_threads(settings.threads)  # before the model and the tokenizer build their pools
 
     from setpo_server.app import create_app
+    from setpo_server.protocol import HeaderDeadlineProtocol
 
     app = create_app(settings, threads)
     # One process: the model lives once in memory, and the batcher sees every request to coalesce them.
     # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits.
+    HeaderDeadlineProtocol.header_timeout = settings.header_timeout
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=30
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            timeout_graceful_shutdown=30,
+            http=HeaderDeadlineProtocol,
         )
     )
     app.state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below

@@ -34,6 +34,9 @@ TEXTS_DEDUPLICATED = Counter(
     "setpo_texts_deduplicated_total", "Texts not embedded: an identical text was in the same request or batch"
 )
 TEXTS_TRUNCATED = Counter("setpo_texts_truncated_total", "Texts cut to the model's maximum length")
+CONNECTIONS_TIMED_OUT = Counter(
+    "setpo_connections_timed_out_total", "Connections closed with 408: request headers not in by SETPO_HEADER_TIMEOUT"
+)
 READY = Gauge("setpo_ready", "1 once the model is loaded and warmed up")
 
 

@@ -156,6 +156,7 @@ class Limits(BaseModel):
     max_queue_tokens: int
     max_concurrent_requests: int
     receive_timeout: float
+    header_timeout: float
 
 
 class Info(BaseModel):

@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     """Data requests (/v1/*) in progress at once; beyond this 503 with Retry-After, before the body is read."""
     receive_timeout: float = Field(30.0, gt=0)
     """Seconds a caller has to send its whole body; a slower or stalled sender gets 408."""
+    header_timeout: float = Field(10.0, gt=0)
+    """Seconds a caller has to send a request's headers, from connecting or the request's first byte; then 408 and the connection is closed."""
 
     # Request limits (413 for the body, 422 for the rest, each naming the setting)
     max_groups: int = Field(4096, ge=1)
