@@ -7,12 +7,12 @@ byte arrives, and stops when its headers are complete; on expiry the caller gets
 """
 
 import asyncio
-import json
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from setpo_server.metrics import CONNECTIONS_TIMED_OUT
+from setpo_server.schemas import ErrorDetail, ErrorResponse
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
@@ -56,7 +56,11 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             return
         CONNECTIONS_TIMED_OUT.inc()
         message = f"the request headers did not arrive within SETPO_HEADER_TIMEOUT={self.header_timeout} s"
-        body = json.dumps({"error": {"message": message, "type": "timeout", "param": "headers"}}).encode()
+        body = (
+            ErrorResponse(error=ErrorDetail(message=message, type="timeout", param="headers"))
+            .model_dump_json()
+            .encode()
+        )
         head = (
             f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             "connection: close\r\n\r\n"
