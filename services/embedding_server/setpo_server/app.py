@@ -46,6 +46,7 @@ async def load_model(app: FastAPI) -> None:
         max_batch_tokens,
         settings.max_queue_texts,
         settings.max_queue_tokens,
+        settings.forward_timeout,
         on_failure=lambda reason: stop_process(app, reason),
     )
     metrics.READY.set(1)

@@ -8,8 +8,9 @@ would overflow SETPO_MAX_BATCH_TOKENS: a small request waits for about one forwa
 (plus the two batches in flight), never for a stranger's whole job. A single dedicated forward thread runs the
 model, so the event loop never does and no two forwards compete for the cores.
 
-If that task dies, or the device reports an error (the CUDA context is then unusable), every waiting request
-fails with BatcherFailed and `on_failure` is called: the app turns /ready to 503 and stops the process.
+If that task dies, the device reports an error (the CUDA context is then unusable), or a forward pass runs past
+SETPO_FORWARD_TIMEOUT (a stuck device or driver), every waiting request fails with BatcherFailed and
+`on_failure` is called: the app turns /ready to 503 and stops the process.
 """
 
 import asyncio
@@ -69,6 +70,10 @@ class BatcherFailed(Exception):
     """The batcher or the device failed; the process is stopping so that its orchestrator restarts it."""
 
 
+class ForwardHung(Exception):
+    """A forward pass ran past SETPO_FORWARD_TIMEOUT: the device is taken to be stuck."""
+
+
 class Embedded(NamedTuple):
     embeddings: torch.Tensor  # (n, dim) float32, unit rows, in the order of the texts given
     tokens: list[int]  # tokens per text after truncation
@@ -101,12 +106,14 @@ class Batcher:
         max_batch_tokens: int,
         max_queue_texts: int,
         max_queue_tokens: int,
+        forward_timeout: float = 120.0,
         on_failure: Callable[[str], None] = lambda reason: None,
     ):
         self.backend = backend
         self.max_batch_tokens = max_batch_tokens
         self.max_queue_texts = max_queue_texts
         self.max_queue_tokens = max_queue_tokens
+        self.forward_timeout = forward_timeout
         self.on_failure = on_failure
         self.failure: str | None = None  # why the batcher stopped; /ready answers 503 once set
         self._jobs: list[_Job] = []  # admitted and not finished, in arrival order
@@ -224,7 +231,11 @@ class Batcher:
             batch, texts, forward = in_flight.popleft()
             outcome: torch.Tensor | Exception
             try:
-                outcome = await forward
+                outcome = await asyncio.wait_for(forward, self.forward_timeout)
+            except TimeoutError:  # the thread cannot be stopped: _worker_ended fails everyone and stops the process
+                raise ForwardHung(
+                    f"a forward pass of {len(texts)} texts ran past SETPO_FORWARD_TIMEOUT={self.forward_timeout} s"
+                ) from None
             except Exception as exc:
                 if is_device_error(exc):
                     raise  # the device is gone: _worker_ended fails everyone and stops the process
@@ -283,4 +294,5 @@ class Batcher:
         self._worker.cancel()
         for job in self._jobs:
             job.future.cancel()
-        self._forward_thread.shutdown(wait=True, cancel_futures=True)
+        # after a failure the forward thread may never return (a hung pass): do not wait for it
+        self._forward_thread.shutdown(wait=self.failure is None, cancel_futures=True)

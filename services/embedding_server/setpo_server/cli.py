@@ -52,7 +52,9 @@ def main() -> None:
     app.state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below
     server.run()
     if app.state.fatal:
-        sys.exit(f"setpo-server: stopped after a fatal failure: {app.state.fatal}")
+        print(f"setpo-server: stopped after a fatal failure: {app.state.fatal}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(1)  # not sys.exit: the interpreter would wait for a hung forward thread forever
 
 
 if __name__ == "__main__":
