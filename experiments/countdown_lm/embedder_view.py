@@ -3,11 +3,11 @@ as the model writes them (worded plan, steps, answer) and as bare expressions. I
 alike to the embedder (high similarity, saturation near 1) while the written responses do not, the plan is
 what lets SetPO tell solutions apart."""
 
-import json
 from pathlib import Path
 from statistics import fmean, pstdev
 
 from setpo_client import SetpoClient
+from setpo_trainer.packaged_data import read_jsonl
 from setpo_trainer.rewards import extract_expression
 
 
@@ -15,8 +15,7 @@ def embedder_view(samples: Path, url: str, most: int = 8) -> dict:
     """Mean pairwise similarity and saturation (share of pairs above 0.95) of up to `most` distinct correct
     solutions per puzzle (puzzles with at least 3), for the written responses and the bare expressions."""
     by_puzzle: dict[str, dict[str, str]] = {}
-    for line in samples.read_text().splitlines():
-        row = json.loads(line)
+    for _, row in read_jsonl(samples):
         if row["correct"]:
             by_puzzle.setdefault(row["problem_id"], {}).setdefault(row["answer"], row["response"])
     groups = [list(solutions.values())[:most] for solutions in by_puzzle.values() if len(solutions) >= 3]
@@ -36,8 +35,7 @@ def marginal_alignment(samples: Path, url: str, group_size: int = 8) -> dict:
     training); each member's s_i, standardised within its group, averaged over members whose expression is the
     only one of its kind in the group and over members that share their expression with another member."""
     by_puzzle: dict[str, list[str]] = {}
-    for line in samples.read_text().splitlines():
-        row = json.loads(line)
+    for _, row in read_jsonl(samples):
         by_puzzle.setdefault(row["problem_id"], []).append(row["response"])
     groups = [
         texts[i : i + group_size]
@@ -62,9 +60,8 @@ def marginal_alignment(samples: Path, url: str, group_size: int = 8) -> dict:
     }
 
 
-if (
-    __name__ == "__main__"
-):  # python -m experiments.countdown_lm.embedder_view out/countdown_lm/eval/base/samples.jsonl [more ...]
+if __name__ == "__main__":
+    # python -m experiments.countdown_lm.embedder_view out/countdown_lm/eval/base/samples.jsonl [more ...]
     import sys
 
     from setpo_server.local import LocalServer

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from setpo_trainer.eval import cli
+from setpo_trainer.packaged_data import read_jsonl
 
 
 def evaluate(
@@ -45,7 +46,6 @@ def evaluate(
 def correct_counts(out: Path) -> list[tuple[int, int]]:
     """(n, correct samples) per puzzle, from the samples setpo-eval wrote: for pass@k at every k, not only powers of 2."""
     by_puzzle: dict[str, list[bool]] = {}
-    for line in (out / "samples.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    for _, row in read_jsonl(out / "samples.jsonl"):
         by_puzzle.setdefault(row["problem_id"], []).append(row["correct"])
     return [(len(rows), sum(rows)) for rows in by_puzzle.values()]

@@ -19,6 +19,10 @@ TRAIN_KEYS = [
 ]
 
 
+def method_names(results: dict) -> dict[str, str]:
+    return {"base": "base", "grpo": "GRPO", "setpo": f"SetPO+GRPO (λ = {results['lambda']:g})"}
+
+
 def pass_curve(counts: list[tuple[int, int]]) -> list[float]:
     """Unbiased pass@k for k = 1..n, averaged over puzzles (counts: (n, correct) per puzzle)."""
     n = counts[0][0]
@@ -77,7 +81,7 @@ def table(results: dict) -> str:
     """Methods as columns, metrics as rows: mean ± std over seeds (the base model is one model, no spread)."""
     methods = list(results["methods"])
     keys = list(dict.fromkeys(key for m in methods for key in results["methods"][m]))
-    names = {"base": "base", "grpo": "GRPO", "setpo": f"SetPO+GRPO (λ = {results['lambda']:g})"}
+    names = method_names(results)
     lines = ["| metric | " + " | ".join(names.get(m, m) for m in methods) + " |", "|---|" + "---|" * len(methods)]
     for key in keys:
         cells = []
@@ -98,7 +102,7 @@ def plot(results: dict, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     colors = {"base": "grey", "grpo": "tab:blue", "setpo": "tab:orange"}
-    labels = {"base": "base", "grpo": "GRPO", "setpo": f"SetPO+GRPO (λ={results['lambda']:g})"}
+    labels = method_names(results)
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, curves in results["curves"].items():
         ks = range(1, len(curves[0]) + 1)

@@ -7,7 +7,6 @@ byte arrives, and stops when its headers are complete; on expiry the caller gets
 """
 
 import asyncio
-from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -17,10 +16,7 @@ from setpo_server.schemas import ErrorDetail, ErrorResponse
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
     header_timeout: float = 10.0  # setpo-server sets it from the settings (cli.py)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.header_deadline: asyncio.TimerHandle | None = None
+    header_deadline: asyncio.TimerHandle | None = None  # the running clock, per connection once started
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
