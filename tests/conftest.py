@@ -27,3 +27,19 @@ def st_model():
     from setpo_server.backend import embedded_model_path
 
     return SentenceTransformer(embedded_model_path(), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def service():
+    """The real app and model in this process (tests/inprocess.py): for HTTP behaviour that needs no socket."""
+    from tests.inprocess import InProcessService
+
+    with InProcessService() as running:
+        yield running
+
+
+@pytest.fixture
+def inprocess(service):
+    """The real client against the in-process app."""
+    with service.client(max_retries=0) as setpo:
+        yield setpo

@@ -32,3 +32,39 @@ def loo_marginals(kernel: list[list[float]], g=lambda x: -math.log1p(x)) -> list
     members = list(range(len(kernel)))
     full = set_score(kernel, members, g)
     return [full - set_score(kernel, [j for j in members if j != i], g) for i in members]
+
+
+# Contract v1.1, literally: the kernels by their definition, the scope by rebuilding the subset S', z-scores by the
+# textbook formula.
+
+
+def key_kernel_of(keys: list[str | None]) -> list[list[float]]:
+    return [
+        [1.0 if i == j or (a is not None and a == b) else 0.0 for j, b in enumerate(keys)] for i, a in enumerate(keys)
+    ]
+
+
+def hybrid_kernel_of(embeddings: list[list[float]], keys: list[str | None]) -> list[list[float]]:
+    cosine = kernel_of(embeddings)
+    return [[1.0 if a is not None and a == b else cosine[i][j] for j, b in enumerate(keys)] for i, a in enumerate(keys)]
+
+
+def scoped_loo_marginals(kernel: list[list[float]], scored: list[bool], g=lambda x: -math.log1p(x)) -> list[float]:
+    """The paper's marginals of the sub-kernel of the scored members, 0 elsewhere; all 0 when fewer than 3."""
+    subset = [i for i, keep in enumerate(scored) if keep]
+    if len(subset) < 3:
+        return [0.0] * len(kernel)
+    sub_marginals = loo_marginals([[kernel[i][j] for j in subset] for i in subset], g)
+    marginals = [0.0] * len(kernel)
+    for i, s in zip(subset, sub_marginals):
+        marginals[i] = s
+    return marginals
+
+
+def zscores(values: list[float], scored: list[bool]) -> list[float]:
+    chosen = [v for v, keep in zip(values, scored) if keep]
+    if len(chosen) < 3 or max(chosen) - min(chosen) <= 1e-6:
+        return [0.0] * len(values)
+    mean = math.fsum(chosen) / len(chosen)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in chosen) / (len(chosen) - 1))
+    return [(v - mean) / (std + 1e-6) if keep else 0.0 for v, keep in zip(values, scored)]

@@ -10,7 +10,7 @@ from setpo_server import scoring
 from setpo_server.backend import Backend
 from setpo_server.batcher import Batcher, Embedded
 from setpo_server.runtime import cpu_quota
-from setpo_server.schemas import Group
+from setpo_server.schemas import DiversityRequest, Group
 from setpo_server.settings import Settings
 from tests.core.reference import kernel_of, loo_marginals
 
@@ -25,7 +25,7 @@ def test_chunked_scoring_matches_the_literal_definition(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     sizes = [3, 4, 3, 5, 3, 4, 3, 3, 6, 3]
     groups = [Group(embeddings=torch.randn(size, 5, generator=generator).tolist()) for size in sizes]
-    results = scoring.score_groups(groups, None, weight=0.5, shape="neg_log1p")
+    results = scoring.score_groups(DiversityRequest(groups=groups), None, weight=0.5, shape="neg_log1p")
     for group, result in zip(groups, results):
         assert result.marginals == pytest.approx(
             loo_marginals(kernel_of(group.embeddings.tolist())), abs=1e-6
@@ -36,7 +36,7 @@ def test_text_groups_get_their_own_rows_in_request_order(backend):
     async def embed_and_score():
         batcher = Batcher(backend, 2048, 1000, 100_000)
         groups = [Group(texts=["same", "b", "c"]), Group(texts=["d", "same", "same"])]
-        results, usage = await scoring.score_request(groups, batcher, 0.05, "neg_log1p")
+        results, usage = await scoring.score_request(DiversityRequest(groups=groups), batcher, 0.05, "neg_log1p")
         await batcher.close()
         return results, usage
 

@@ -26,7 +26,9 @@ from setpo_client.types import (
     ErrorResponse,
     Group,
     Info,
+    Kernel,
     ModelList,
+    Normalize,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -71,11 +73,25 @@ def json_body(payload: object) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def diversity_payload(groups: Sequence[Group | Mapping], weight: float | None) -> dict:
+def diversity_payload(
+    groups: Sequence[Group | Mapping],
+    weight: float | None,
+    min_reward: float | None = None,
+    kernel: Kernel | None = None,
+    normalize: Normalize | None = None,
+) -> dict:
     request = DiversityRequest(
-        groups=[g if isinstance(g, Group) else Group.model_validate(g) for g in groups], weight=weight
+        groups=[g if isinstance(g, Group) else Group.model_validate(g) for g in groups],
+        weight=weight,
+        min_reward=min_reward,
+        kernel=kernel,
+        normalize=normalize,
     )
-    return request.model_dump(exclude_none=True)
+    payload = request.model_dump(exclude_none=True)
+    for group, sent in zip(request.groups, payload["groups"]):
+        if group.keys is not None:
+            sent["keys"] = group.keys  # a null key means "no solution identity": it must be sent, not dropped
+    return payload
 
 
 def embeddings_payload(input: str | Sequence[str], encoding_format: str, dimensions: int | None) -> dict:
@@ -155,10 +171,20 @@ class SetpoClient(_ClientConfig):
             failure, retry_after = response, response.headers.get("retry-after")
         raise self.give_up(failure, attempt + 1)
 
-    def diversity(self, groups: Sequence[Group | Mapping], weight: float | None = None) -> DiversityResponse:
-        """Marginals, local masses, set scores (and shaped advantages for groups with rewards)."""
-        response = self._request("POST", "/v1/diversity", diversity_payload(groups, weight))
-        return parsed(DiversityResponse, response)
+    def diversity(
+        self,
+        groups: Sequence[Group | Mapping],
+        weight: float | None = None,
+        *,
+        min_reward: float | None = None,
+        kernel: Kernel | None = None,
+        normalize: Normalize | None = None,
+    ) -> DiversityResponse:
+        """Marginals, local masses, set scores (and shaped advantages for groups with rewards). Contract v1.1:
+        `min_reward` scores only members with reward >= it, `kernel` 'embedding' | 'hybrid' | 'key' (groups give
+        `keys`), `normalize` 'none' | 'zscore'; the answer then also has each group's `scored` and `bonus`."""
+        payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
+        return parsed(DiversityResponse, self._request("POST", "/v1/diversity", payload))
 
     def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
@@ -242,9 +268,17 @@ class AsyncSetpoClient(_ClientConfig):
             failure, retry_after = response, response.headers.get("retry-after")
         raise self.give_up(failure, attempt + 1)
 
-    async def diversity(self, groups: Sequence[Group | Mapping], weight: float | None = None) -> DiversityResponse:
-        response = await self._request("POST", "/v1/diversity", diversity_payload(groups, weight))
-        return parsed(DiversityResponse, response)
+    async def diversity(
+        self,
+        groups: Sequence[Group | Mapping],
+        weight: float | None = None,
+        *,
+        min_reward: float | None = None,
+        kernel: Kernel | None = None,
+        normalize: Normalize | None = None,
+    ) -> DiversityResponse:
+        payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
+        return parsed(DiversityResponse, await self._request("POST", "/v1/diversity", payload))
 
     async def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None

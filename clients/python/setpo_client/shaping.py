@@ -1,70 +1,107 @@
-"""What every trainer integration (OpenRLHF, TRL, veRL, the bandit) does once per step, in one place: fit the
-step's groups within the service's limits, get back lambda * s_i for every response, apply the one degrade
-policy, time the step, and report its SetPO metrics under one set of names.
+"""What every trainer integration (OpenRLHF, TRL, veRL, the bandit) does once per step, in one place: the diversity
+policy, fitting the step's groups within the service's limits, the one degrade policy, the weight, the step's
+timing and its SetPO metrics under one set of names.
 
-    shaper = SetpoShaper(SetpoClient(url), weight=0.05, on_error="skip")
+    shaper = SetpoShaper(SetpoClient(url), weight=0.05, on_error="skip")              # the paper's form
+    shaper = SetpoShaper(SetpoClient(url), weight=0.5, min_reward=1.0, key=countdown_expression,
+                         kernel="hybrid", normalize="zscore", controller=WeightController(target_ratio=0.3))
     shaper.check()                                   # at start: the service is ready, the key works, its limits
-    step = shaper.score([group_0_texts, group_1_texts, ...])   # a member may be None: not scorable, bonus 0
-    for group, bonus in zip(groups, step.bonus): advantages_of(group) += bonus   # bonus[i] = lambda * s_i
+    step = shaper.score(texts_per_group, rewards=..., advantages=...)  # a member may be None: not scorable
+    for group, bonus in zip(groups, step.bonus): advantages_of(group) += bonus   # the service's bonus
     logger.log(step.metrics)
+
+The diversity policy (contract v1.1; docs/diversity.md says how to choose it for a task):
+- `min_reward`: only responses whose reward reaches it are scored, among themselves; the others get 0;
+- `key`: a function text -> solution identity or None, sent as the group's `keys` ('hybrid' and 'key' kernels);
+- `kernel`: 'embedding' (the paper), 'hybrid', 'key'; `normalize`: 'none' (the paper) or 'zscore';
+- the weight: `weight` fixed, or steered by a WeightController to a target ratio of the bonus's RMS to the
+  advantage's RMS (logged every step as setpo/weight).
 
 The degrade policy, for every integration:
 - a group with fewer than 3 scorable members, or more than the service takes (max_group_size,
-  max_request_rows), gets bonus 0 and is counted (setpo/unscored_groups); the rest of the step is shaped;
+  max_request_rows), gets bonus 0 and is counted (setpo/unscored_groups); one with fewer than 3 members reaching
+  min_reward gets 0 without a request (setpo/small_scope_groups); the rest of the step is shaped;
 - texts are cut to the service's max_text_chars (and max_chars), by UTF-8 bytes where a group must fit the
   body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes need;
 - on_error="skip": ANY failure (unreachable, 5xx, 4xx such as a 401 after the key was rotated, an answer off
-  the contract) trains the step with lambda = 0, is counted (setpo/fallback_steps) and logged at error level
-  with the service's message; on_error="fail": it stops training with that message.
+  the contract, a key function that raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
+  and logged at error level with the service's message; on_error="fail": it stops training with that message.
 """
 
 import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import fmean, pstdev
 from typing import Literal
 
 from setpo_client.client import SetpoClient, json_body
 from setpo_client.errors import SetpoError
-from setpo_client.types import Info
+from setpo_client.types import GroupResult, Info, Kernel, Normalize
+from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client")
 
 OnError = Literal["skip", "fail"]
 MIN_GROUP = 3  # leave-one-out marginals need pairs left after removing one member
+KERNELS = ("embedding", "hybrid", "key")
+NORMALIZATIONS = ("none", "zscore")
 
 
 @dataclass
 class ShapedStep:
-    bonus: list[list[float]]  # lambda * s_i per member of each group; 0 for unscored members, groups and fallback steps
-    marginals: list[list[float] | None] | None  # s_i per scored group (None for an unscored one); None on fallback
+    bonus: list[list[float]]  # what to add to each member's advantage; 0 for unscored members, groups and fallbacks
+    marginals: list[list[float] | None] | None  # raw scoped s_i of each scored group's members sent; None on fallback
     metrics: dict[str, float]  # "setpo/..." names, see SetpoShaper.score
 
 
 class SetpoShaper:
-    """Scores one training step's groups under the service's limits (learned from /info) and the degrade
-    policy above. max_chars caps each text further (its beginning is kept, as the server keeps the beginning
-    when it truncates tokens); by default texts are cut to 8 characters a token of the service's model, which
-    the service would cut to anyway."""
+    """Scores one training step's groups under the diversity policy, the service's limits (learned from /info)
+    and the degrade policy above. max_chars caps each text further (its beginning is kept, as the server keeps
+    the beginning when it truncates tokens); by default texts are cut to 8 characters a token of the service's
+    model, which the service would cut to anyway."""
 
-    def __init__(self, client: SetpoClient, weight: float, on_error: OnError = "skip", max_chars: int | None = None):
-        if weight < 0:
-            raise ValueError(f"weight (lambda) must be >= 0, got {weight}")
+    def __init__(
+        self,
+        client: SetpoClient,
+        weight: float,
+        on_error: OnError = "skip",
+        max_chars: int | None = None,
+        *,
+        min_reward: float | None = None,
+        key: Callable[[str], str | None] | None = None,
+        kernel: Kernel = "embedding",
+        normalize: Normalize = "none",
+        controller: WeightController | None = None,
+    ):
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"weight (lambda) must be a finite number >= 0, got {weight}")
         if on_error not in ("skip", "fail"):
             raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        if min_reward is not None and not math.isfinite(min_reward):
+            raise ValueError(f"min_reward must be a finite number, got {min_reward}")
+        if controller is not None:
+            controller.start(weight)
+            weight = controller.weight
         self.client, self.weight, self.on_error, self.max_chars = client, weight, on_error, max_chars
+        self.min_reward, self.key, self.kernel, self.normalize = min_reward, key, kernel, normalize
+        self.controller = controller
         self.info: Info | None = None  # learned at the first step (or check()); forgotten after a failure
         self.fallback_steps = 0
         self.unscored_groups = 0
         self.previous_start: float | None = None  # the previous step's start: one training step ago
 
     def check(self, ready_timeout: float = 120.0) -> Info:
-        """At start, before any worker starts: the service is ready, accepts the key (/info needs it) and
-        tells its limits. Raises SetpoError with what to do; integrations refuse to start on it."""
+        """At start, before any worker starts: the service is ready, accepts the key (/info needs it), speaks
+        contract v1.1 and tells its limits. Raises SetpoError with what to do; integrations refuse to start on it."""
         try:
             self.client.wait_until_ready(timeout=ready_timeout)
-            self.info = self.client.info()
+            self.info = self.learn_info()
         except SetpoError as exc:
             raise SetpoError(
                 f"the SetPO service at {self.client.base_url} is not usable: {exc}. Start it (setpo-server), "
@@ -72,132 +109,234 @@ class SetpoShaper:
             ) from exc
         return self.info
 
-    def score(self, groups: Sequence[Sequence], started: float | None = None) -> ShapedStep:
-        """groups: per prompt, its responses as texts (embedded by the service) or embedding vectors; a member
-        that is None is not scorable (padding, a rejected sample) and gets bonus 0. started: when the caller's
-        SetPO work for this step began (decoding included), for setpo/time_s; default now."""
-        start = time.perf_counter() if started is None else started
-        bonus = [[0.0] * len(group) for group in groups]
-        found: list[list[float] | None] = [None] * len(groups)  # filled in by each scored group
-        marginals = found if self.weight > 0 else None
-        scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
-        metrics = {
-            "setpo/duplicate_share": duplicate_share(
-                [[hashable(group[row]) for row in rows] for group, rows in zip(groups, scorable)]
+    def learn_info(self) -> Info:
+        info = self.client.info()
+        if info.contract is None or tuple(int(part) for part in info.contract.split(".")[:2]) < (1, 1):
+            raise SetpoError(
+                f"the service speaks contract {info.contract or '1.0'} (setpo-server {info.version}); SetpoShaper "
+                "needs contract 1.1 (it reads the service's `bonus`): upgrade setpo-server"
             )
-        }
-        unscored, cut, requests = 0, 0, 0
-        if self.weight > 0 and groups:
+        return info
+
+    def score(
+        self,
+        groups: Sequence[Sequence],
+        rewards: Sequence[Sequence[float]] | None = None,
+        advantages: Sequence[Sequence[float]] | None = None,
+        keys: Sequence[Sequence[str | None]] | None = None,
+        started: float | None = None,
+    ) -> ShapedStep:
+        """groups: per prompt, its responses as texts (embedded by the service) or embedding vectors; a member that
+        is None is not scorable (padding, a rejected sample) and gets bonus 0. rewards: the same shape, needed with
+        min_reward. advantages: the same shape, the advantages the bonus is added to (for the controller and the
+        setpo/bonus_ratio metric). keys: the same shape, solution keys when the caller knows them (default: the key
+        function applied to each text). started: when the caller's SetPO work for this step began (decoding
+        included), for setpo/time_s; default now."""
+        start = time.perf_counter() if started is None else started
+        if self.min_reward is not None and rewards is None:
+            raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
+        weight = self.weight
+        scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
+        bonus = [[0.0] * len(group) for group in groups]
+        found: list[list[float] | None] = [None] * len(groups)
+        scored: list[tuple[int, GroupResult]] = []
+        counts = {"unscored": 0, "small_scope": 0, "cut": 0, "requests": 0}
+        failed = False
+        if weight > 0 and groups:
             try:
-                if self.info is None:
-                    self.info = self.client.info()
-                batches, unscored, cut = fit_step(groups, scorable, self.info, self.weight, self.max_chars)
-                results = []  # every scored group of every request of the step
-                for batch in batches:
-                    result = self.client.diversity([payload for _, payload in batch], weight=self.weight)
-                    requests += 1
-                    for (index, _), scored in zip(batch, result.groups):
-                        found[index] = scored.marginals
-                        results.append(scored)
-                if results:
-                    flat = [s for scored in results for s in scored.marginals]
-                    metrics.update(
-                        {
-                            "setpo/set_score_mean": fmean(scored.set_score for scored in results),
-                            "setpo/marginal_mean": fmean(flat),
-                            "setpo/marginal_std": pstdev(flat),
-                            "setpo/saturation": fmean(scored.saturation for scored in results),
-                        }
-                    )
+                scored = self.request_step(groups, scorable, rewards, keys, weight, counts)
             except Exception as exc:
-                if self.on_error == "fail":
-                    log.error("SetPO scoring failed and on_error='fail': %s", exc)
-                    raise SetpoError(f"SetPO scoring failed and on_error='fail': {exc}") from exc
-                self.fallback_steps += 1
-                self.info = None  # the service may have been redeployed with other limits: ask again next step
-                marginals = None
-                log.error(
-                    "SetPO scoring failed: %s. Training this step with lambda = 0 (fallback step %d; on_error='skip')",
-                    exc,
-                    self.fallback_steps,
-                    exc_info=not isinstance(exc, SetpoError),
-                )
-        if marginals is not None:
-            for index, (rows, group_marginals) in enumerate(zip(scorable, marginals)):
-                if group_marginals is not None:
-                    for row, s in zip(rows, group_marginals):
-                        bonus[index][row] = self.weight * s
-        self.unscored_groups += unscored
-        shaped = marginals is not None and self.weight > 0 and any(g is not None for g in marginals)
+                self.fall_back(exc)
+                failed = True
+        for index, result in scored:  # the service's bonus back onto the members that were sent
+            for row, value in zip(scorable[index], result.bonus or []):
+                bonus[index][row] = value
+            found[index] = result.marginals
+        marginals = None if failed or weight == 0 else found  # None: nothing was asked of the service
+        self.unscored_groups += counts["unscored"]
+        metrics = self.step_metrics(groups, scorable, rewards, advantages, bonus, scored, counts, weight, marginals)
+        if self.controller is not None and marginals is not None:
+            self.controller.update(metrics["setpo/bonus_rms"], metrics.get("setpo/advantage_rms", 0.0))
+            self.weight = self.controller.weight
         now = time.perf_counter()
-        metrics.update(
-            {
-                "setpo/active": 1.0 if shaped else 0.0,  # this step's advantages got lambda * s
-                "setpo/weight": self.weight if marginals is not None else 0.0,
-                "setpo/fallback_steps": float(self.fallback_steps),
-                "setpo/unscored_groups": float(unscored),
-                "setpo/unscored_groups_total": float(self.unscored_groups),
-                "setpo/cut_texts": float(cut),
-                "setpo/requests": float(requests),
-                "setpo/time_s": now - start,
-            }
-        )
+        metrics["setpo/time_s"] = now - start
         if self.previous_start is not None:  # a whole training step: from the previous step's start to now
             metrics["setpo/time_share"] = metrics["setpo/time_s"] / (now - self.previous_start)
         self.previous_start = start
         return ShapedStep(bonus, marginals, metrics)
 
+    def request_step(
+        self,
+        groups: Sequence[Sequence],
+        scorable: list[list[int]],
+        rewards: Sequence[Sequence[float]] | None,
+        keys: Sequence[Sequence[str | None]] | None,
+        weight: float,
+        counts: dict[str, int],
+    ) -> list[tuple[int, GroupResult]]:
+        """The step's scorable groups as v1.1 payloads, fitted into requests, sent; (group index, the service's
+        answer for it) for every group sent."""
+        if self.info is None:
+            self.info = self.learn_info()
+        payloads = []
+        for index, rows in enumerate(scorable):
+            members = [groups[index][row] for row in rows]
+            if self.kernel == "key":  # nothing is embedded: the keys alone carry the group
+                payload: dict = {}
+            else:
+                payload = {"texts" if isinstance(members[0], str) else "embeddings": members} if members else {}
+            if rewards is not None:
+                payload["rewards"] = [float(rewards[index][row]) for row in rows]
+                reaching = sum(r >= self.min_reward for r in payload["rewards"]) if self.min_reward is not None else 0
+                if self.min_reward is not None and len(rows) >= MIN_GROUP and reaching < MIN_GROUP:
+                    counts["small_scope"] += 1  # the service would answer zeros: no need to ask
+                    continue
+            if self.kernel != "embedding":
+                payload["keys"] = [keys[index][row] for row in rows] if keys is not None else self.keys_of(members)
+            payloads.append((index, payload, len(rows)))
+        envelope = {"groups": [], "weight": weight, "kernel": self.kernel, "normalize": self.normalize}
+        if self.min_reward is not None:
+            envelope["min_reward"] = self.min_reward
+        batches, counts["unscored"], counts["cut"] = fit_step(payloads, self.info, envelope, self.max_chars)
+        answered = []
+        for batch in batches:
+            result = self.client.diversity(
+                [payload for _, payload in batch],
+                weight=weight,
+                min_reward=self.min_reward,
+                kernel=self.kernel,
+                normalize=self.normalize,
+            )
+            counts["requests"] += 1
+            sent = [len(next(iter(payload.values()))) for _, payload in batch]  # every field: one entry a member
+            answers = [(len(group.marginals), len(group.bonus or [])) for group in result.groups]
+            if answers != [(size, size) for size in sent]:  # never zip an answer that does not fit what was sent
+                raise SetpoError(
+                    f"answer off the contract: sent {len(sent)} groups of sizes {sent}, got (marginals, bonus) "
+                    f"lengths {answers}"
+                )
+            answered += [(index, group) for (index, _), group in zip(batch, result.groups)]
+        return answered
+
+    def keys_of(self, members: list) -> list[str | None]:
+        if self.key is None:
+            raise ValueError(f"kernel {self.kernel!r} needs solution keys: give the shaper a key function")
+        return [self.key(member) for member in members]
+
+    def fall_back(self, exc: Exception) -> None:
+        """The fault policy: stop under 'fail'; under 'skip', count and log, and train the step with lambda = 0."""
+        if self.on_error == "fail":
+            log.error("SetPO scoring failed and on_error='fail': %s", exc)
+            raise SetpoError(f"SetPO scoring failed and on_error='fail': {exc}") from exc
+        self.fallback_steps += 1
+        self.info = None  # the service may have been redeployed with other limits: ask again next step
+        log.error(
+            "SetPO scoring failed: %s. Training this step with lambda = 0 (fallback step %d; on_error='skip')",
+            exc,
+            self.fallback_steps,
+            exc_info=not isinstance(exc, SetpoError),
+        )
+
+    def step_metrics(
+        self,
+        groups: Sequence[Sequence],
+        scorable: list[list[int]],
+        rewards: Sequence[Sequence[float]] | None,
+        advantages: Sequence[Sequence[float]] | None,
+        bonus: list[list[float]],
+        scored: list[tuple[int, GroupResult]],
+        counts: dict[str, int],
+        weight: float,
+        marginals: list[list[float] | None] | None,
+    ) -> dict[str, float]:
+        """The step's setpo/* metrics (setpo/time_s and setpo/time_share are added by score)."""
+        members = [(index, row) for index, rows in enumerate(scorable) for row in rows]
+        metrics = {
+            "setpo/duplicate_share": duplicate_share(
+                [[hashable(group[row]) for row in rows] for group, rows in zip(groups, scorable)]
+            ),
+            "setpo/active": 1.0 if any(result.scored for _, result in scored) else 0.0,
+            "setpo/weight": weight if marginals is not None else 0.0,  # the lambda this step applied
+            "setpo/fallback_steps": float(self.fallback_steps),
+            "setpo/unscored_groups": float(counts["unscored"]),
+            "setpo/unscored_groups_total": float(self.unscored_groups),
+            "setpo/small_scope_groups": float(counts["small_scope"]),
+            "setpo/scored_groups": float(sum(1 for _, result in scored if result.scored)),
+            "setpo/scored_share": sum(result.scored or 0 for _, result in scored) / max(1, len(members)),
+            "setpo/cut_texts": float(counts["cut"]),
+            "setpo/requests": float(counts["requests"]),
+            "setpo/bonus_rms": rms([bonus[index][row] for index, row in members]),
+        }
+        if advantages is not None:
+            metrics["setpo/advantage_rms"] = rms([float(advantages[index][row]) for index, row in members])
+            if metrics["setpo/advantage_rms"] > 0:
+                metrics["setpo/bonus_ratio"] = metrics["setpo/bonus_rms"] / metrics["setpo/advantage_rms"]
+        in_scope = [
+            s
+            for index, result in scored
+            if result.scored
+            for row, s in zip(scorable[index], result.marginals)
+            if self.min_reward is None or (rewards is not None and rewards[index][row] >= self.min_reward)
+        ]
+        if in_scope:
+            metrics["setpo/marginal_mean"] = fmean(in_scope)
+            metrics["setpo/marginal_std"] = pstdev(in_scope)
+        if scored:
+            metrics["setpo/set_score_mean"] = fmean(result.set_score for _, result in scored)
+            metrics["setpo/saturation"] = fmean(result.saturation for _, result in scored)
+        return metrics
+
 
 def fit_step(
-    groups: Sequence[Sequence], scorable: list[list[int]], info: Info, weight: float, max_chars: int | None
+    payloads: list[tuple[int, dict, int]], info: Info, envelope: dict, max_chars: int | None
 ) -> tuple[list[list[tuple[int, dict]]], int, int]:
-    """The step as requests the service accepts: ([[(group index, group payload), ...] per request], groups left
-    unscored, texts cut). Sizes are measured with the client's own encoder, so they are the real body sizes."""
+    """The step as requests the service accepts: payloads are (group index, group payload, members); returns
+    ([[(group index, group payload), ...] per request], groups left unscored, texts cut). Sizes are measured with
+    the client's own encoder, so they are the real body sizes."""
     limits = info.limits
     max_rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
     chars = min(
         limits.max_text_chars, max_chars or info.truncate_chars or 8 * info.max_tokens
     )  # the server keeps no more
-    envelope = len(json_body({"groups": [], "weight": weight}))
-    group_budget = limits.max_body_bytes - envelope  # the most one group's JSON may take
+    envelope_size = len(json_body(envelope))
+    group_budget = limits.max_body_bytes - envelope_size  # the most one group's JSON may take
     fitted, unscored, cut = [], 0, 0
-    for index, (group, rows) in enumerate(zip(groups, scorable)):
-        if not MIN_GROUP <= len(rows) <= max_rows:
+    for index, payload, size in payloads:
+        keys = payload.get("keys") or []
+        if not MIN_GROUP <= size <= max_rows or any(
+            key is not None and len(key) > limits.max_text_chars for key in keys
+        ):
+            unscored += 1  # a key cannot be cut: cutting it would change which solution it names
+            continue
+        if "texts" in payload:
+            members = payload["texts"]
+            payload = {**payload, "texts": [text[:chars] for text in members]}
+            if len(json_body(payload)) > group_budget:  # share the body among the texts, by UTF-8 bytes of their JSON
+                share = (group_budget - len(json_body({**payload, "texts": [""] * size}))) // size
+                payload["texts"] = [cut_to_json_bytes(text, share) for text in payload["texts"]]
+            cut += sum(len(a) < len(b) for a, b in zip(payload["texts"], members))
+        elif "embeddings" in payload:
+            payload = {**payload, "embeddings": [[float(x) for x in vector] for vector in payload["embeddings"]]}
+        body_size = len(json_body(payload))
+        if body_size > group_budget:  # embeddings cannot be cut; texts too short a share to be any use
             unscored += 1
             continue
-        members = [group[row] for row in rows]
-        if isinstance(members[0], str):
-            texts = [text[:chars] for text in members]
-            payload = {"texts": texts}
-            size = len(json_body(payload))
-            if size > group_budget:  # share the body among the group's texts, by UTF-8 bytes of their JSON form
-                share = (group_budget - len(json_body({"texts": [""] * len(texts)}))) // len(texts)
-                texts = [cut_to_json_bytes(text, share) for text in texts]
-                payload = {"texts": texts}
-                size = len(json_body(payload))
-            cut += sum(len(a) < len(b) for a, b in zip(texts, members))
-        else:
-            payload = {"embeddings": [[float(x) for x in vector] for vector in members]}
-            size = len(json_body(payload))
-        if size > group_budget:  # embeddings cannot be cut; texts too short a share to be any use
-            unscored += 1
-            continue
-        fitted.append((index, payload, len(rows), size))
+        fitted.append((index, payload, size, body_size))
 
     batches: list[list[tuple[int, dict]]] = []
     batch: list[tuple[int, dict]] = []
-    rows_in, bytes_in = 0, envelope
-    for index, payload, row_count, size in fitted:
+    rows_in, bytes_in = 0, envelope_size
+    for index, payload, row_count, body_size in fitted:
         comma = 1 if batch else 0
         if batch and (
             len(batch) + 1 > limits.max_groups
             or (limits.max_request_rows and rows_in + row_count > limits.max_request_rows)
-            or bytes_in + comma + size > limits.max_body_bytes
+            or bytes_in + comma + body_size > limits.max_body_bytes
         ):
             batches.append(batch)
-            batch, rows_in, bytes_in, comma = [], 0, envelope, 0
+            batch, rows_in, bytes_in, comma = [], 0, envelope_size, 0
         batch.append((index, payload))
-        rows_in, bytes_in = rows_in + row_count, bytes_in + comma + size
+        rows_in, bytes_in = rows_in + row_count, bytes_in + comma + body_size
     if batch:
         batches.append(batch)
     return batches, unscored, cut
@@ -211,6 +350,10 @@ def cut_to_json_bytes(text: str, budget: int) -> str:
     while len(json_body(text)) > budget:  # escapes (quotes, backslashes, control characters) take more
         text = text[: len(text) - max(1, (len(json_body(text)) - budget) // 6)]
     return text
+
+
+def rms(values: Sequence[float]) -> float:
+    return math.sqrt(math.fsum(v * v for v in values) / len(values)) if values else 0.0
 
 
 def hashable(member: str | Sequence[float]) -> str | tuple[float, ...]:

@@ -1,4 +1,4 @@
-"""The wire types of the setpo HTTP contract v1, as the client sees them.
+"""The wire types of the setpo HTTP contract (v1.1, compatible with v1), as the client sees them.
 
 The server's pydantic models are the source of truth; tests/client/test_schema_drift.py checks that every
 model here has the same fields, types and required set as the server's /openapi.json. Responses ignore
@@ -22,8 +22,10 @@ NEWER_SERVER_FIELDS = {
         "receive_timeout",
         "header_timeout",
     },
-    "Info": {"threads", "truncate_chars"},
+    "Info": {"threads", "truncate_chars", "contract"},
 }
+Kernel = Literal["embedding", "hybrid", "key"]
+Normalize = Literal["none", "zscore"]
 
 
 class _Request(BaseModel):
@@ -35,16 +37,22 @@ class _Response(BaseModel):
 
 
 class Group(_Request):
-    """One prompt's responses: `texts` (embedded by the server) or `embeddings`; `rewards` for advantages."""
+    """One prompt's responses: `texts` (embedded by the server) or `embeddings`; `rewards` for advantages;
+    `keys` (v1.1) a solution identity per response for the 'hybrid' and 'key' kernels."""
 
     texts: list[str] | None = None
     embeddings: list[list[float]] | None = None
     rewards: list[float] | None = None
+    keys: list[str | None] | None = None
 
 
 class DiversityRequest(_Request):
     groups: list[Group]
     weight: float | None = None
+    # v1.1; left out of the body when None, so a v1 request stays a v1 request
+    min_reward: float | None = None
+    kernel: Kernel | None = None
+    normalize: Normalize | None = None
 
 
 class GroupResult(_Response):
@@ -53,6 +61,8 @@ class GroupResult(_Response):
     set_score: float
     saturation: float
     advantages: list[float] | None = None
+    scored: int | None = None  # v1.1 answers only
+    bonus: list[float] | None = None  # v1.1 answers only: what is added to each advantage
 
 
 class DiversityUsage(_Response):
@@ -66,6 +76,7 @@ class DiversityResponse(_Response):
     model: str
     groups: list[GroupResult]
     usage: DiversityUsage
+    weight: float | None = None  # v1.1 answers only: the lambda applied
 
 
 class EmbeddingsRequest(_Request):
@@ -144,6 +155,7 @@ class Info(_Response):
     default_weight: float
     limits: Limits
     threads: int | None = None  # newer servers only
+    contract: str | None = None  # newer servers only: the HTTP contract version ("1.1"); None from a v1 server
     truncate_chars: int | None = None  # newer servers only: characters of each text the server keeps
 
 

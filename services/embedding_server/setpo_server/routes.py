@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from setpo_core.diversity import unit_rows
-from setpo_server import __version__, metrics
+from setpo_server import CONTRACT_VERSION, __version__, metrics
 from setpo_server.batcher import Batcher, BatcherFailed, Overloaded, TooLarge
 from setpo_server.errors import ApiError, body_too_large
 from setpo_server.schemas import (
@@ -191,6 +191,7 @@ async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> I
     )
     return Info(
         version=__version__,
+        contract=CONTRACT_VERSION,
         model=backend.name,
         model_path=backend.model_path,
         dimension=backend.dimension,
@@ -259,7 +260,8 @@ def publish_request_bodies(app: FastAPI) -> None:
     openapi_extra=request_body(DiversityRequest),
 )
 async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Response:
-    """Leave-one-out marginals, local masses and set scores per group; shaped advantages where rewards are given."""
+    """Leave-one-out marginals, local masses and set scores per group; shaped advantages where rewards are given.
+    Contract v1.1 (keys, min_reward, kernel, normalize) adds each group's `scored` and `bonus` and the `weight`."""
     settings: Settings = request.app.state.settings
     body = await read_body(request, DiversityRequest)
     if len(body.groups) > settings.max_groups:
@@ -272,16 +274,18 @@ async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher))
             raise ApiError(422, message, "invalid_request_error", f"groups[{b}]")
         if group.texts is not None:
             check_text_lengths(group.texts, settings, f"groups[{b}].texts")
+        if group.keys is not None:
+            check_text_lengths([key or "" for key in group.keys], settings, f"groups[{b}].keys")
         rows += group.size
     if rows > settings.max_request_rows:
         message = f"request has {rows} texts and embedding rows, more than SETPO_MAX_REQUEST_ROWS={settings.max_request_rows}; split it"
         raise ApiError(422, message, "invalid_request_error", "groups")
 
     weight = settings.weight if body.weight is None else body.weight
-    results, usage = await until_done_or_gone(
-        request, score_request(body.groups, batcher, weight, settings.shape), "groups"
+    results, usage = await until_done_or_gone(request, score_request(body, batcher, weight, settings.shape), "groups")
+    response = DiversityResponse(
+        model=batcher.backend.name, groups=results, usage=usage, weight=None if body.is_v1 else weight
     )
-    response = DiversityResponse(model=batcher.backend.name, groups=results, usage=usage)
     # serialised in a worker thread: thousands of groups must not hold the event loop
     return Response(await run_in_threadpool(response.model_dump_json, exclude_none=True), media_type="application/json")
 

@@ -1,4 +1,4 @@
-"""The HTTP contract v1, once: request and response bodies as pydantic models.
+"""The HTTP contract (v1.1, compatible with v1), once: request and response bodies as pydantic models.
 
 These models are the source of truth. FastAPI publishes them in /openapi.json, and the client's own types
 are tested against that schema (tests/client/test_schema_drift.py).
@@ -16,8 +16,13 @@ Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 MAX_EMBEDDING_DIM = 16384
 
 
+Kernel = Literal["embedding", "hybrid", "key"]
+Normalize = Literal["none", "zscore"]
+
+
 class Group(BaseModel):
-    """One prompt's responses: give `texts` (embedded by the server) or `embeddings` (used as given)."""
+    """One prompt's responses: give `texts` (embedded by the server) or `embeddings` (used as given); with the
+    `key` kernel, `keys` alone will do."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -26,11 +31,18 @@ class Group(BaseModel):
         None, description="Precomputed embeddings, one row per response."
     )
     rewards: list[Finite] | None = Field(None, description="One reward per response; asks for shaped advantages.")
+    keys: list[str | None] | None = Field(
+        None,
+        description="v1.1: a canonical solution identity per response (null: none); equal keys are one solution. "
+        "Used by the 'hybrid' and 'key' kernels.",
+    )
 
     @model_validator(mode="after")
     def _one_kind_of_member(self) -> "Group":
-        if (self.texts is None) == (self.embeddings is None):
+        if self.texts is not None and self.embeddings is not None:
             raise ValueError("give exactly one of 'texts' or 'embeddings'")
+        if self.texts is None and self.embeddings is None and self.keys is None:
+            raise ValueError("give exactly one of 'texts' or 'embeddings' (or, with kernel 'key', 'keys' alone)")
         size = self.size
         if size < 3:
             raise ValueError(f"has {size} members; leave-one-out marginals need at least 3")
@@ -42,6 +54,8 @@ class Group(BaseModel):
                 raise ValueError("embeddings have no dimensions")
         if self.rewards is not None and len(self.rewards) != size:
             raise ValueError(f"has {size} members but {len(self.rewards)} rewards")
+        if self.keys is not None and len(self.keys) != size:
+            raise ValueError(f"has {size} members but {len(self.keys)} keys")
         if self.embeddings is not None:
             # (G, d) float64 as soon as the group is valid: 8 bytes a value where a Python float list holds 32, so
             # a body of embeddings parses in about half the memory (docs/reliability.md); float64 so extreme norms
@@ -51,8 +65,7 @@ class Group(BaseModel):
 
     @property
     def size(self) -> int:
-        members = self.texts if self.texts is not None else self.embeddings
-        assert members is not None  # the validator asks for exactly one of them
+        members = next(m for m in (self.texts, self.embeddings, self.keys) if m is not None)  # the validator's order
         return len(members)
 
 
@@ -63,6 +76,27 @@ class DiversityRequest(BaseModel):
     weight: Annotated[Finite, Field(ge=0)] | None = Field(
         None, description="lambda in A^ = A + lambda * s; the server's SETPO_WEIGHT when omitted."
     )
+    min_reward: Finite | None = Field(
+        None,
+        description="v1.1: score only the members whose reward is >= this (every group gives rewards); the others, "
+        "and every group with fewer than 3 such members, get 0.",
+    )
+    kernel: Kernel | None = Field(
+        None,
+        description="v1.1: 'embedding' (the default; the paper: clamped cosine), 'hybrid' (1 for equal keys, cosine "
+        "otherwise) or 'key' (1 for equal keys, 0 otherwise; nothing is embedded).",
+    )
+    normalize: Normalize | None = Field(
+        None,
+        description="v1.1: 'none' (the default; the paper) or 'zscore' (marginals standardised over the scored "
+        "members).",
+    )
+
+    @property
+    def is_v1(self) -> bool:
+        """Nothing of v1.1 asked for: the answer is exactly v1's (no `scored`, `bonus` or `weight`)."""
+        v11 = (self.min_reward, self.kernel, self.normalize)
+        return all(field is None for field in v11) and all(group.keys is None for group in self.groups)
 
 
 class GroupResult(BaseModel):
@@ -72,6 +106,12 @@ class GroupResult(BaseModel):
     saturation: float = Field(description="Share of response pairs with similarity above 0.95.")
     advantages: list[float] | None = Field(
         None, description="Shaped advantages A + lambda * s; present only when the group gave rewards."
+    )
+    scored: int | None = Field(
+        None, description="v1.1: members scored (reward >= min_reward), or 0 when fewer than 3 (all marginals 0)."
+    )
+    bonus: list[float] | None = Field(
+        None, description="v1.1: what is added to each advantage: weight x the (normalised) scoped marginals."
     )
 
 
@@ -86,6 +126,7 @@ class DiversityResponse(BaseModel):
     model: str
     groups: list[GroupResult]
     usage: DiversityUsage
+    weight: float | None = Field(None, description="v1.1: the lambda applied.")
 
 
 class EmbeddingsRequest(BaseModel):
@@ -161,6 +202,7 @@ class Limits(BaseModel):
 
 class Info(BaseModel):
     version: str
+    contract: str = Field(description="Version of the HTTP contract of /v1/diversity this server speaks.")
     model: str
     model_path: str
     dimension: int

@@ -1,0 +1,193 @@
+"""SetpoShaper's diversity policy (contract v1.1) against the real app in-process: scope, keys, kernels,
+normalisation and the weight controller; and what it does with a service that cannot follow."""
+
+import itertools
+import json
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+
+from setpo_client import SetpoClient, SetpoError
+from setpo_client.keys import countdown_expression
+from setpo_client.shaping import SetpoShaper
+from setpo_client.weight import WeightController
+
+
+def answer(expression: str, plan: str = "plan") -> str:
+    return f"{plan} : <answer> {expression} </answer>"
+
+
+# numbers 2 3 5 8, target 16; rewards as the Countdown scorer gives them
+GROUPS = [
+    [answer("(3+5)*2"), answer("2*(5+3)", "other plan"), answer("2*8"), answer("8*3-8"), answer("(5-2)*8"), "plan :"],
+    [answer("2*8"), answer("8*2"), answer("9+7"), answer("3*5")],  # two correct members only
+    [answer("(3+5)*2"), answer("2*8"), answer("8*3-8")],
+]
+REWARDS = [[1.0, 1.0, 1.0, 1.0, 0.1, 0.0], [1.0, 1.0, 0.1, 0.1], [1.0, 1.0, 1.0]]
+ADVANTAGES = [[r - sum(g) / len(g) for r in g] for g in REWARDS]  # Dr. GRPO's r - mean(r)
+
+
+def test_the_step_gets_exactly_the_services_bonus_for_the_policy(inprocess):
+    shaper = SetpoShaper(
+        inprocess, weight=0.3, min_reward=1.0, key=countdown_expression, kernel="hybrid", normalize="zscore"
+    )
+    step = shaper.score(GROUPS, rewards=REWARDS, advantages=ADVANTAGES)
+    direct = inprocess.diversity(
+        [
+            {"texts": GROUPS[i], "rewards": REWARDS[i], "keys": [countdown_expression(t) for t in GROUPS[i]]}
+            for i in (0, 2)
+        ],
+        weight=0.3,
+        min_reward=1.0,
+        kernel="hybrid",
+        normalize="zscore",
+    )
+    assert step.bonus[0] == direct.groups[0].bonus and step.bonus[2] == direct.groups[1].bonus
+    assert step.bonus[1] == [0.0] * 4  # two members reach min_reward: no request, no bonus
+    assert step.bonus[0][4] == step.bonus[0][5] == 0.0  # the wrong and the unfinished answer earn nothing
+    assert step.bonus[0][0] < 0 and step.bonus[0][2] > 0  # a respelt solution is pushed down, a new one up
+    metrics = step.metrics
+    assert metrics["setpo/small_scope_groups"] == 1 and metrics["setpo/scored_groups"] == 2
+    assert metrics["setpo/scored_share"] == pytest.approx(7 / 13) and metrics["setpo/weight"] == 0.3
+    flat_bonus = [b for g in step.bonus for b in g]
+    flat_advantage = [a for g in ADVANTAGES for a in g]
+    rms = lambda values: math.sqrt(sum(v * v for v in values) / len(values))  # noqa: E731
+    assert metrics["setpo/bonus_rms"] == pytest.approx(rms(flat_bonus))
+    assert metrics["setpo/bonus_ratio"] == pytest.approx(rms(flat_bonus) / rms(flat_advantage))
+
+
+def test_the_key_kernel_sends_keys_alone_and_keys_given_by_the_caller_win(inprocess):
+    shaper = SetpoShaper(inprocess, weight=1.0, kernel="key", normalize="zscore")
+    keys = [["A", "A", "B", "C", None, None], ["x"] * 4, ["A", "B", "C"]]
+    step = shaper.score(GROUPS, keys=keys)
+    assert step.bonus[0][0] == step.bonus[0][1] < step.bonus[0][2]
+    assert step.bonus[2] == [0.0, 0.0, 0.0]  # all distinct: nothing to tell apart
+    with pytest.raises(SetpoError, match="needs solution keys"):  # no key function and no keys
+        SetpoShaper(inprocess, weight=1.0, kernel="key", on_error="fail").score(GROUPS)
+
+
+def test_a_key_function_that_raises_falls_back_under_skip(inprocess):
+    def broken(text: str) -> str:
+        raise RuntimeError("the tokenizer changed")
+
+    shaper = SetpoShaper(inprocess, weight=1.0, kernel="hybrid", key=broken)
+    step = shaper.score(GROUPS)
+    assert step.marginals is None and step.metrics["setpo/weight"] == 0 and shaper.fallback_steps == 1
+
+
+def test_min_reward_without_rewards_is_a_programming_error(inprocess):
+    with pytest.raises(ValueError, match="rewards"):
+        SetpoShaper(inprocess, weight=1.0, min_reward=1.0).score(GROUPS)
+
+
+def test_the_controller_steers_the_bonus_to_the_target_ratio_and_logs_the_weight_it_applied(inprocess):
+    controller = WeightController(target_ratio=0.25, ema=0.5, min_weight=0.01, max_weight=5.0)
+    shaper = SetpoShaper(
+        inprocess,
+        weight=0.05,
+        min_reward=1.0,
+        key=countdown_expression,
+        kernel="hybrid",
+        normalize="zscore",
+        controller=controller,
+    )
+    ratios, weights = [], []
+    for _ in range(12):  # the same data every step: the ratio is linear in lambda
+        step = shaper.score(GROUPS, rewards=REWARDS, advantages=ADVANTAGES)
+        ratios.append(step.metrics["setpo/bonus_ratio"])
+        weights.append(step.metrics["setpo/weight"])
+    assert weights[0] == 0.05 and ratios[0] < 0.1
+    assert ratios[-1] == pytest.approx(0.25, rel=0.01)
+    assert all(b >= a for a, b in itertools.pairwise(weights))  # from below, monotone with this EMA
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"weight": float("nan")}, "weight"),
+        ({"weight": float("inf")}, "weight"),
+        ({"weight": 0.1, "kernel": "cosine"}, "kernel"),
+        ({"weight": 0.1, "normalize": "rank"}, "normalize"),
+        ({"weight": 0.1, "min_reward": float("nan")}, "min_reward"),
+    ],
+)
+def test_bad_policy_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SetpoShaper(SetpoClient(), **kwargs)
+
+
+class FakeService(BaseHTTPRequestHandler):
+    """/ready, /info of a given contract, and a /v1/diversity answer that drops the last group."""
+
+    contract: str | None = "1.1"
+    info: ClassVar[dict] = {}  # the real app's /info
+
+    def do_GET(self):
+        if self.path == "/ready":
+            return self.reply({"status": "ready"})
+        info = dict(self.info)
+        if self.contract is None:
+            info.pop("contract")
+        self.reply(info)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        groups = [
+            {
+                "marginals": [0.0] * len(g["texts"]),
+                "local_mass": [0.0] * len(g["texts"]),
+                "set_score": 0.0,
+                "saturation": 0.0,
+                "scored": len(g["texts"]),
+                "bonus": [0.0] * len(g["texts"]),
+            }
+            for g in body["groups"][:-1]
+        ]
+        self.reply(
+            {"model": "m", "groups": groups, "usage": {"texts": 0, "unique_texts": 0, "tokens": 0, "truncated": 0}}
+        )
+
+    def reply(self, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake(inprocess):
+    info = inprocess.info().model_dump()
+
+    def serve(contract):
+        handler = type("Handler", (FakeService,), {"contract": contract, "info": info})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return SetpoClient(f"http://127.0.0.1:{server.server_port}", max_retries=0)
+
+    servers: list[ThreadingHTTPServer] = []
+    yield serve
+    for server in servers:
+        server.shutdown()
+
+
+def test_a_service_of_contract_v1_is_refused_at_start_with_what_to_do(fake):
+    with pytest.raises(SetpoError, match="upgrade setpo-server"):
+        SetpoShaper(fake(None), weight=0.1).check(ready_timeout=5)
+
+
+def test_an_answer_with_fewer_groups_than_sent_is_a_failed_step_not_a_silent_truncation(fake):
+    client = fake("1.1")
+    shaper = SetpoShaper(client, weight=0.1)
+    step = shaper.score([["a", "b", "c"], ["d", "e", "f"]])
+    assert step.marginals is None and shaper.fallback_steps == 1 and step.metrics["setpo/weight"] == 0
+    with pytest.raises(SetpoError, match="off the contract"):
+        SetpoShaper(client, weight=0.1, on_error="fail").score([["a", "b", "c"], ["d", "e", "f"]])
