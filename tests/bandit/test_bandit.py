@@ -72,3 +72,24 @@ def test_bad_flags_fail_clearly(flags, capsys):
     with pytest.raises(SystemExit):
         bandit.parse_args(["--url", "x", "--out", "x", *flags])
     assert "group-size >= 3" in capsys.readouterr().err
+
+
+def test_the_scoped_form_with_keys_and_the_controller_keeps_rewarded_modes_alive(server, tmp_path):
+    flags = ["--min-reward", "1", "--kernel", "key", "--normalize", "zscore", "--target-ratio", "0.3", "--weight", "0.3"]
+    bandit.main(["--url", server.url, "--out", str(tmp_path), "--seeds", "0", "1", "2", *flags])
+    summary = json.loads((tmp_path / "results.json").read_text())
+    args = bandit.parse_args(["--url", "x", "--out", "x"])
+    for seed in ("0", "1", "2"):
+        setpo = summary["runs"]["setpo"][seed]
+        assert bandit.alive_rewarded(setpo["probs"][-1], args) >= 3
+        assert sum(m["reward_mean"] for m in setpo["metrics"][-20:]) / 20 >= 0.95
+        weights = [m["setpo/weight"] for m in setpo["metrics"]]
+        assert weights[0] == 0.3 and len(set(weights)) > 10  # the controller moved lambda
+        # at the start most responses are unrewarded and go unscored (without the scope the share would be 1)
+        assert setpo["metrics"][0]["setpo/scored_share"] < 0.6
+
+
+def test_bad_controller_flags_fail_before_the_service_starts(capsys):
+    with pytest.raises(SystemExit):
+        bandit.parse_args(["--url", "x", "--out", "x", "--target-ratio", "0.3", "--min-weight", "0"])
+    assert "min_weight" in capsys.readouterr().err

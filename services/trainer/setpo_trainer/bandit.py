@@ -8,6 +8,11 @@ gradient step on the mean of A^_i * grad log pi(a_i). Reads top to bottom, Clean
 
     setpo-bandit --serve --out out/bandit            # starts its own service, both methods, 3 seeds
     setpo-bandit --url http://127.0.0.1:8000 --out out/bandit --seeds 0 1 2 3 4
+    setpo-bandit --serve --out out/bandit-scoped --min-reward 1 --kernel key --normalize zscore --target-ratio 0.3
+
+The diversity policy of contract v1.1 is a flag away: --min-reward scores only rewarded responses, --kernel key or
+hybrid compares them by their solution key (here: the mode a response was sampled from), --normalize zscore, and
+--target-ratio steers lambda (--weight is then the first step's) to that RMS(bonus) / RMS(advantage).
 """
 
 import argparse
@@ -23,6 +28,7 @@ from tqdm import tqdm
 
 from setpo_client import SetpoClient
 from setpo_client.shaping import SetpoShaper
+from setpo_client.weight import WeightController
 from setpo_core.diversity import group_advantages
 
 log = logging.getLogger("setpo_bandit")
@@ -54,6 +60,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--lr", type=float, default=0.5, help="policy-gradient step size on the logits")
     parser.add_argument("--weight", type=float, default=2.0, help="lambda of the SetPO run (GRPO is the same run at 0)")
+    parser.add_argument("--min-reward", type=float, help="score only responses with reward >= this (default: all)")
+    parser.add_argument(
+        "--kernel",
+        choices=["embedding", "hybrid", "key"],
+        default="embedding",
+        help="embedding: cosine of the responses (the paper); key / hybrid: the sampled mode is the solution key",
+    )
+    parser.add_argument("--normalize", choices=["none", "zscore"], default="none")
+    parser.add_argument("--target-ratio", type=float, help="steer lambda to this RMS(bonus) / RMS(advantage)")
+    parser.add_argument("--min-weight", type=float, default=1e-3, help="lower bound of the steered lambda")
+    parser.add_argument("--max-weight", type=float, default=10.0, help="upper bound of the steered lambda")
+    parser.add_argument("--weight-ema", type=float, default=0.9, help="moving-average weight of the past lambda")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="steps over which the target ratio ramps up")
+    parser.add_argument("--freeze-after", type=int, help="steps after which the steered lambda stays fixed")
     parser.add_argument(
         "--alive", type=float, default=0.05, help="a mode is alive at the end if its probability is at least this"
     )
@@ -68,6 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rewarded > args.modes or args.group_size < 3 or args.steps < 1:
         parser.error("need rewarded <= modes, group-size >= 3 (leave-one-out needs 3) and steps >= 1")
+    try:
+        controller(args)  # its settings are checked here, not after the service has started
+    except ValueError as exc:
+        parser.error(f"--target-ratio and its bounds: {exc}")
     return args
 
 
@@ -89,7 +113,12 @@ def train(args: argparse.Namespace, shaper: SetpoShaper, seed: int, progress: tq
         )  # (P, G, d)
         rewards = reward_of_mode[actions]  # (P, G)
         advantages = group_advantages(rewards)  # (P, G)  GRPO's A
-        step = shaper.score(responses.tolist())  # lambda * s_i from the service; zeros for GRPO or on fallback
+        step = shaper.score(  # the service's bonus; zeros for GRPO or on fallback
+            responses.tolist(),
+            rewards=rewards.tolist(),
+            advantages=advantages.tolist(),
+            keys=[[f"mode {a}" for a in group] for group in actions.tolist()],  # the solution identity
+        )
         advantages = advantages + torch.tensor(step.bonus)  # (P, G)  A^ = A + lambda * s
         # grad of mean_i A^_i log pi(a_i) w.r.t. the logits: A^_i (onehot(a_i) - pi), averaged over all P*G samples
         onehot = torch.nn.functional.one_hot(actions, args.modes).float()  # (P, G, M)
@@ -110,9 +139,25 @@ def run_all(args: argparse.Namespace, client: SetpoClient) -> dict[str, dict[str
         for seed in args.seeds:
             for method, weight in (("grpo", 0.0), ("setpo", args.weight)):
                 progress.set_postfix(seed=seed, method=method)
-                shaper = SetpoShaper(client, weight=weight, on_error=args.on_error)
+                shaper = SetpoShaper(
+                    client,
+                    weight=weight,
+                    on_error=args.on_error,
+                    min_reward=args.min_reward,
+                    kernel=args.kernel,
+                    normalize=args.normalize,
+                    controller=controller(args) if weight > 0 else None,
+                )
                 results[method][str(seed)] = train(args, shaper, seed, progress)
     return results
+
+
+def controller(args: argparse.Namespace) -> WeightController | None:
+    if args.target_ratio is None:
+        return None
+    return WeightController(
+        args.target_ratio, args.min_weight, args.max_weight, args.weight_ema, args.warmup_steps, args.freeze_after
+    )
 
 
 def alive_rewarded(probs: list[float], args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.integrations.trl import SetpoGRPOTrainer
+from setpo_client.weight import WeightController
 from setpo_server.local import free_port
 from tests.integrations.trl import spy as trl_spy
 from tests.tiny_model import tiny_llama
@@ -36,7 +37,15 @@ def spy(monkeypatch):
 
 
 def make_trainer(
-    model, client, tmp_path, on_error="skip", max_steps=2, max_completion_length=12, rollout_func=None, **config
+    model,
+    client,
+    tmp_path,
+    on_error="skip",
+    max_steps=2,
+    max_completion_length=12,
+    rollout_func=None,
+    setpo_policy=None,
+    **config,
 ):
     args = GRPOConfig(
         output_dir=str(tmp_path),
@@ -62,6 +71,7 @@ def make_trainer(
         setpo_client=client,
         setpo_weight=WEIGHT,
         setpo_on_error=on_error,
+        **(setpo_policy or {}),
     )
 
 
@@ -95,6 +105,49 @@ def test_loss_sees_trls_advantages_plus_weight_times_service_marginals(tiny_mode
         assert {"setpo/saturation", "setpo/duplicate_share", "setpo/marginal_std", "setpo/time_s"} <= set(entry)
     # SetpoShaper's timing: a share of the whole step, from one generation round to the next
     assert "setpo/time_share" not in logged[0] and 0 < logged[1]["setpo/time_share"] < 1
+
+
+def first_word(text: str) -> str | None:
+    """A solution key for the test: completions that start with the same word are the same solution."""
+    words = text.split()
+    return words[0] if words else None
+
+
+def test_the_diversity_policy_reaches_the_loss_as_the_services_bonus_and_the_controller_steers(
+    tiny_model, client, spy, tmp_path
+):
+    policy = {
+        "setpo_min_reward": 1.0,
+        "setpo_key": first_word,
+        "setpo_kernel": "hybrid",
+        "setpo_normalize": "zscore",
+        "setpo_controller": WeightController(target_ratio=0.5, ema=0.0, min_weight=1e-3, max_weight=100.0),
+    }
+    trainer = make_trainer(tiny_model, client, tmp_path, setpo_policy=policy, loss_type="dr_grpo")
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "setpo/weight" in entry]
+    for (base, texts), trained_on, entry in zip(spy["trl"], spy["loss"], logged):
+        groups = [texts[i : i + 4] for i in range(0, len(texts), 4)]
+        direct = client.diversity(
+            [{"texts": g, "rewards": varied_reward(g), "keys": [first_word(t) for t in g]} for g in groups],
+            weight=entry["setpo/weight"],
+            min_reward=1.0,
+            kernel="hybrid",
+            normalize="zscore",
+        )
+        bonus = [b for group in direct.groups for b in group.bonus]
+        rewards = [r for g in groups for r in varied_reward(g)]
+        assert all(b == 0 for b, r in zip(bonus, rewards) if r < 1.0)  # below min_reward: nothing added
+        expected = base + torch.tensor(bonus)
+        assert all(trained_on[text] == pytest.approx(expected[i].item(), abs=1e-5) for i, text in enumerate(texts))
+    # lambda* of step 1 (target / measured ratio, ema 0) is the lambda step 2 applies
+    assert logged[0]["setpo/weight"] == WEIGHT and logged[0]["setpo/bonus_ratio"] > 0
+    assert logged[1]["setpo/weight"] == pytest.approx(WEIGHT * 0.5 / logged[0]["setpo/bonus_ratio"], rel=1e-6)
+
+
+def test_a_key_kernel_without_a_key_is_refused_at_start(tiny_model, client, tmp_path):
+    with pytest.raises(ValueError, match="give setpo_key"):
+        make_trainer(tiny_model, client, tmp_path, setpo_policy={"setpo_kernel": "key"})
 
 
 ANSWERS = ["2 + 3 = 5", "five", "it is 5", "5, since 2 + 3 = 5", "7 is prime", "2", "seven", "13 is a prime"]
@@ -132,8 +185,9 @@ def test_only_the_policys_tokens_are_embedded_and_the_completions_table_shows_sh
     assert list(trainer._logs["advantages"]) == pytest.approx(expected.tolist(), abs=1e-5)  # TRL's completions table
 
 
-def test_a_trl_without_the_method_setpo_overrides_is_refused(tiny_model, client, tmp_path, monkeypatch):
-    monkeypatch.delattr(GRPOTrainer, "_generate_and_score_completions")  # as a TRL that renamed its private seam
+@pytest.mark.parametrize("seam", ["_generate_and_score_completions", "_calculate_rewards"])
+def test_a_trl_without_the_method_setpo_overrides_is_refused(tiny_model, client, tmp_path, monkeypatch, seam):
+    monkeypatch.delattr(GRPOTrainer, seam)  # as a TRL that renamed its private seam
     with pytest.raises(RuntimeError, match="would train without SetPO"):
         make_trainer(tiny_model, client, tmp_path)
 

@@ -5,6 +5,12 @@
     trainer = SetpoGRPOTrainer(setpo_client=SetpoClient(url), setpo_weight=0.05, setpo_on_error="skip",
                                model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...)
 
+Diversity among correct solutions (contract v1.1; docs/diversity.md says how to choose): setpo_min_reward=1.0 scores
+only the completions whose reward (TRL's weighted sum over reward_funcs) reaches it, setpo_key a key function (or
+its name, e.g. "countdown_expression"), setpo_kernel "embedding" | "hybrid" | "key", setpo_normalize "none" |
+"zscore", and setpo_controller=WeightController(target_ratio=...) steers lambda (setpo_weight is then the first
+step's) so the bonus is that share of TRL's advantages.
+
 The service's key comes from $SETPO_API_KEY (SetpoClient's default): never put it in GRPOConfig, which TRL
 prints and sends to its trackers.
 
@@ -17,8 +23,9 @@ applies the same policy), and add this process's slice of lambda * s_i. The loss
 GSPO with importance_sampling_level="sequence" — then sees the shaped advantages, and so does the completions
 table TRL logs. Metrics go to TRL's own logs under `setpo/...` (SetpoShaper's names, its timing included).
 
-At start the trainer checks that TRL still has the method it overrides (a TRL that renamed it would train
-without SetPO) and warns when TRL is not the tested version.
+At start the trainer checks that TRL still has the methods it overrides (a TRL that renamed them would train
+without SetPO) and warns when TRL is not the tested version. The step's rewards come from TRL's own
+`_calculate_rewards` (all processes' rewards, gathered), its advantages from each process's output, gathered.
 """
 
 import logging
@@ -32,7 +39,10 @@ from trl import GRPOTrainer
 
 from setpo_client.client import SetpoClient
 from setpo_client.errors import SetpoError
+from setpo_client.keys import KeyFunction, load_key
 from setpo_client.shaping import OnError, SetpoShaper
+from setpo_client.types import Kernel, Normalize
+from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client.trl")
 TESTED_VERSIONS = ("1.16.",)  # TRL versions whose _generate_and_score_completions this was tested against
@@ -46,14 +56,23 @@ class SetpoGRPOTrainer(GRPOTrainer):
         setpo_weight: float = 0.05,
         setpo_on_error: OnError = "skip",
         setpo_max_chars: int | None = None,
+        setpo_min_reward: float | None = None,
+        setpo_key: KeyFunction | str | None = None,
+        setpo_kernel: Kernel = "embedding",
+        setpo_normalize: Normalize = "none",
+        setpo_controller: WeightController | None = None,
         **kwargs,
     ):
-        # the hook must still be TRL's own seam, or this subclass would add a method nobody calls
-        if "_generate_and_score_completions" not in vars(GRPOTrainer):
-            raise RuntimeError(
-                f"TRL {trl.__version__} has no GRPOTrainer._generate_and_score_completions: SetpoGRPOTrainer "
-                f"would train without SetPO. Use TRL {' / '.join(v + 'x' for v in TESTED_VERSIONS)}."
-            )
+        # the hooks must still be TRL's own seams, or this subclass would add methods nobody calls
+        for seam in ("_generate_and_score_completions", "_calculate_rewards"):
+            if seam not in vars(GRPOTrainer):
+                raise RuntimeError(
+                    f"TRL {trl.__version__} has no GRPOTrainer.{seam}: SetpoGRPOTrainer would train without SetPO. "
+                    f"Use TRL {' / '.join(v + 'x' for v in TESTED_VERSIONS)}."
+                )
+        key = load_key(setpo_key) if isinstance(setpo_key, str) else setpo_key
+        if setpo_kernel != "embedding" and key is None:
+            raise ValueError(f"setpo_kernel={setpo_kernel!r} compares solution keys: give setpo_key")
         if not trl.__version__.startswith(TESTED_VERSIONS):
             log.warning(
                 "SetpoGRPOTrainer was tested with TRL %s; this is %s",
@@ -65,7 +84,24 @@ class SetpoGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 f"SetPO needs num_generations >= 3 (leave-one-out needs pairs left), got {self.num_generations}"
             )
-        self.setpo = SetpoShaper(setpo_client, setpo_weight, setpo_on_error, setpo_max_chars)
+        self.setpo = SetpoShaper(
+            setpo_client,
+            setpo_weight,
+            setpo_on_error,
+            setpo_max_chars,
+            min_reward=setpo_min_reward,
+            key=key,
+            kernel=setpo_kernel,
+            normalize=setpo_normalize,
+            controller=setpo_controller,
+        )
+        self.setpo_rewards: torch.Tensor | None = None  # the step's rewards, all processes (_calculate_rewards)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # (B, F)
+        # the reward min_reward compares with: TRL's own weighted sum over its reward functions
+        self.setpo_rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # (B,)
+        return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -81,12 +117,20 @@ class SetpoGRPOTrainer(GRPOTrainer):
             for ids, row in zip(output["completion_ids"], mask)
         ]
         texts = gather_object(local)  # every process's completions, in TRL's gather order: groups are consecutive
+        advantages = gather_object(output["advantages"].tolist())  # TRL's, every process's, in the same order
+        assert self.setpo_rewards is not None  # set by _calculate_rewards, called by the super() above
+        rewards = self.setpo_rewards.tolist()
         size = self.num_generations
         payload: list[Any] = [None]
         error = None
         if self.accelerator.is_main_process:
             try:
-                step = self.setpo.score([texts[i : i + size] for i in range(0, len(texts), size)], started=started)
+                step = self.setpo.score(
+                    [texts[i : i + size] for i in range(0, len(texts), size)],
+                    rewards=[rewards[i : i + size] for i in range(0, len(rewards), size)],
+                    advantages=[advantages[i : i + size] for i in range(0, len(advantages), size)],
+                    started=started,
+                )
                 payload = [([b for group in step.bonus for b in group], step.metrics)]
             except Exception as exc:
                 error, payload = exc, [f"{type(exc).__name__}: {exc}"]
