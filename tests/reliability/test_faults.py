@@ -22,14 +22,14 @@ class KillAndRestart:
     def __init__(self, shaper: SetpoShaper, server: LocalServer, kill_at: int, ready_by: int):
         self.shaper, self.server, self.kill_at, self.ready_by, self.calls = shaper, server, kill_at, ready_by, 0
 
-    def score(self, groups):
+    def score(self, groups, **policy_inputs):
         if self.calls == self.kill_at:
             self.server.stop(signal.SIGKILL)
             self.server.start(wait=False)
         if self.calls == self.ready_by:
             self.server.wait_until(lambda: httpx.get(self.server.url + "/ready").status_code == 200)
         self.calls += 1
-        return self.shaper.score(groups)
+        return self.shaper.score(groups, **policy_inputs)
 
 
 def test_bandit_training_survives_the_service_being_killed_and_restarted():
