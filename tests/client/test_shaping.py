@@ -209,12 +209,14 @@ def test_embedding_groups_are_scored_and_exact_repeats_counted(client):
     assert step.metrics["setpo/duplicate_share"] == pytest.approx(1 / 7)
 
 
-def test_a_failure_before_any_request_falls_back_under_skip(client, caplog):
-    # an embedding the JSON body cannot carry (NaN from a diverged model): the step trains on, counted
-    with caplog.at_level("ERROR", logger="setpo_client"):
+def test_a_member_the_json_body_cannot_carry_fails_its_group_not_the_step(client, caplog):
+    # an embedding the JSON body cannot carry (NaN from a diverged model): that group trains on with bonus 0,
+    # counted, and the step is not a fallback step (issue 25: one bad member fails its group, not the step)
+    with caplog.at_level("WARNING", logger="setpo_client"):
         step = SetpoShaper(client, weight=0.5).score([[[1.0, 0.0], [float("nan"), 1.0], [0.5, 0.5]]])
     assert (
         step.bonus == [[0.0] * 3]
-        and step.metrics["setpo/fallback_steps"] == 1
-        and "SetPO scoring failed" in caplog.text
+        and step.metrics["setpo/bad_groups"] == 1
+        and step.metrics["setpo/fallback_steps"] == 0
+        and "cannot be sent" in caplog.text
     )

@@ -2,8 +2,13 @@
 
 Retried, with exponential backoff and jitter: connection failures (refused, reset, dropped mid-answer)
 and the answers 429, 502, 503 and 504, whose Retry-After is honoured as a floor (up to max_backoff). Not retried: any other
-4xx (the request itself is wrong; the exception carries the server's message) and read timeouts (the
-server may still be working on it; sending it again would only add load).
+non-2xx answer, redirects included (the request itself is wrong, or the URL is; the exception carries the server's
+message) and timeouts (the server may still be working on it; sending it again would only add load).
+
+An answer is trusted no further than its size and its time: one larger than `max_response_bytes` is refused without
+being read (its Content-Length) or as soon as it grows past it, and every attempt must have its whole answer within
+the read timeout, however slowly the bytes trickle in. A caller with a budget for the whole call, retries and their
+waits included (SetpoShaper: one step), passes `deadline` (time.monotonic() seconds).
 """
 
 import asyncio
@@ -32,6 +37,8 @@ from setpo_client.types import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# 2048 embeddings of 4096 dimensions as JSON floats are ~180 MB: no answer of the contract is larger
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 T = TypeVar("T", bound=BaseModel)
 JSON_HEADERS = {"content-type": "application/json"}
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -65,6 +72,12 @@ def parsed(model: type[T], response: httpx.Response) -> T:
         return model.model_validate_json(response.content)
     except ValueError as exc:
         raise SetpoAPIError(response.status_code, f"answer does not match the setpo contract: {exc}") from exc
+
+
+def whole(response: httpx.Response, content: bytes) -> httpx.Response:
+    """A streamed response with its (decoded) content read: what the parsers below take."""
+    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in ("content-encoding", "content-length")]
+    return httpx.Response(response.status_code, headers=headers, content=content, request=response.request)
 
 
 def json_body(payload: object) -> bytes:
@@ -111,11 +124,45 @@ class _ClientConfig:
         max_retries: int,
         backoff: float,
         max_backoff: float,
+        max_response_bytes: int,
     ):
         self.base_url = base_url.rstrip("/")
         api_key = api_key if api_key is not None else os.environ.get("SETPO_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
+        self.max_response_bytes = max_response_bytes
+
+    def attempt_limits(self, deadline: float | None) -> tuple[float | None, httpx.Timeout]:
+        """When this attempt must have its whole answer (the read timeout from now, or the caller's deadline if
+        sooner) and httpx's timeouts for it, none longer than what is left."""
+        timeout = self.timeout if isinstance(self.timeout, httpx.Timeout) else httpx.Timeout(self.timeout)
+        now = time.monotonic()
+        ends = [end for end in (deadline, None if timeout.read is None else now + timeout.read) if end is not None]
+        if not ends:
+            return None, timeout
+        end = min(ends)
+        left = max(end - now, 0.001)
+        fields = {name: min(getattr(timeout, name) or left, left) for name in ("connect", "read", "write", "pool")}
+        return end, httpx.Timeout(**fields)
+
+    def check_answer(self, response: httpx.Response, received: int, end: float | None) -> None:
+        """Raises once an answer is over max_response_bytes (declared or received) or past its time."""
+        declared = response.headers.get("content-length", "")
+        if max(received, int(declared) if declared.isdigit() else 0) > self.max_response_bytes:
+            raise SetpoAPIError(
+                response.status_code,
+                f"answer of {declared or 'more than ' + str(received)} bytes is over the client's "
+                f"max_response_bytes={self.max_response_bytes}: not read",
+            )
+        if end is not None and time.monotonic() > end:
+            raise SetpoTimeoutError(
+                f"{response.request.method} {response.request.url.path}: the answer did not arrive in full within "
+                f"the client's timeout ({self.timeout}) or the caller's deadline ({received} bytes received)"
+            )
+
+    def before_retry(self, delay: float, deadline: float | None) -> bool:
+        """Whether a retry after `delay` seconds still fits the caller's deadline."""
+        return deadline is None or time.monotonic() + delay < deadline
 
     def give_up(self, failure: httpx.Response | Exception | None, attempts: int) -> Exception:
         if isinstance(failure, httpx.Response):
@@ -140,23 +187,39 @@ class SetpoClient(_ClientConfig):
         max_retries: int = 5,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
         transport: httpx.BaseTransport | None = None,
     ):
-        super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff)
+        super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff, max_response_bytes)
         self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
 
-    def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
+    def _attempt(self, method: str, path: str, body: bytes | None, deadline: float | None) -> httpx.Response:
+        end, timeout = self.attempt_limits(deadline)
+        headers = JSON_HEADERS if body is not None else None
+        with self._http.stream(method, path, content=body, headers=headers, timeout=timeout) as response:
+            self.check_answer(response, 0, end)
+            content = bytearray()
+            for chunk in response.iter_bytes():
+                content += chunk
+                self.check_answer(response, len(content), end)
+        return whole(response, bytes(content))
+
+    def _request(
+        self, method: str, path: str, payload: dict | None = None, deadline: float | None = None
+    ) -> httpx.Response:
         body = json_body(payload) if payload is not None else None
         retry_after: str | None = None
         failure: httpx.Response | Exception | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after))
+                delay = backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after)
+                if not self.before_retry(delay, deadline):
+                    attempt -= 1  # not made: the deadline comes first
+                    break
+                time.sleep(delay)
                 retry_after = None
             try:
-                response = self._http.request(
-                    method, path, content=body, headers=JSON_HEADERS if body is not None else None
-                )
+                response = self._attempt(method, path, body, deadline)
             except RETRY_ERRORS as exc:
                 failure = exc
                 continue
@@ -165,7 +228,7 @@ class SetpoClient(_ClientConfig):
                     f"{method} {path}: no answer within the client timeout ({self.timeout})"
                 ) from exc
             if response.status_code not in RETRY_STATUSES:
-                if response.is_error:
+                if not response.is_success:  # a redirect too: this client never follows one
                     raise api_error(response)
                 return response
             failure, retry_after = response, response.headers.get("retry-after")
@@ -179,12 +242,13 @@ class SetpoClient(_ClientConfig):
         min_reward: float | None = None,
         kernel: Kernel | None = None,
         normalize: Normalize | None = None,
+        deadline: float | None = None,
     ) -> DiversityResponse:
         """Marginals, local masses, set scores (and shaped advantages for groups with rewards). Contract v1.1:
         `min_reward` scores only members with reward >= it, `kernel` 'embedding' | 'hybrid' | 'key' (groups give
         `keys`), `normalize` 'none' | 'zscore'; the answer then also has each group's `scored` and `bonus`."""
         payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
-        return parsed(DiversityResponse, self._request("POST", "/v1/diversity", payload))
+        return parsed(DiversityResponse, self._request("POST", "/v1/diversity", payload, deadline))
 
     def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
@@ -192,8 +256,8 @@ class SetpoClient(_ClientConfig):
         response = self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
         return parsed(EmbeddingsResponse, response)
 
-    def info(self) -> Info:
-        return parsed(Info, self._request("GET", "/info"))
+    def info(self, deadline: float | None = None) -> Info:
+        return parsed(Info, self._request("GET", "/info", deadline=deadline))
 
     def models(self) -> ModelList:
         """The served model, as OpenAI's model list (one entry)."""
@@ -235,25 +299,41 @@ class AsyncSetpoClient(_ClientConfig):
         max_retries: int = 5,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
     ):
-        super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff)
+        super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff, max_response_bytes)
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
         )
 
-    async def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
+    async def _attempt(self, method: str, path: str, body: bytes | None, deadline: float | None) -> httpx.Response:
+        end, timeout = self.attempt_limits(deadline)
+        headers = JSON_HEADERS if body is not None else None
+        async with self._http.stream(method, path, content=body, headers=headers, timeout=timeout) as response:
+            self.check_answer(response, 0, end)
+            content = bytearray()
+            async for chunk in response.aiter_bytes():
+                content += chunk
+                self.check_answer(response, len(content), end)
+        return whole(response, bytes(content))
+
+    async def _request(
+        self, method: str, path: str, payload: dict | None = None, deadline: float | None = None
+    ) -> httpx.Response:
         body = json_body(payload) if payload is not None else None
         retry_after: str | None = None
         failure: httpx.Response | Exception | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
-                await asyncio.sleep(backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after))
+                delay = backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after)
+                if not self.before_retry(delay, deadline):
+                    attempt -= 1  # not made: the deadline comes first
+                    break
+                await asyncio.sleep(delay)
                 retry_after = None
             try:
-                response = await self._http.request(
-                    method, path, content=body, headers=JSON_HEADERS if body is not None else None
-                )
+                response = await self._attempt(method, path, body, deadline)
             except RETRY_ERRORS as exc:
                 failure = exc
                 continue
@@ -262,7 +342,7 @@ class AsyncSetpoClient(_ClientConfig):
                     f"{method} {path}: no answer within the client timeout ({self.timeout})"
                 ) from exc
             if response.status_code not in RETRY_STATUSES:
-                if response.is_error:
+                if not response.is_success:  # a redirect too: this client never follows one
                     raise api_error(response)
                 return response
             failure, retry_after = response, response.headers.get("retry-after")
@@ -276,9 +356,10 @@ class AsyncSetpoClient(_ClientConfig):
         min_reward: float | None = None,
         kernel: Kernel | None = None,
         normalize: Normalize | None = None,
+        deadline: float | None = None,
     ) -> DiversityResponse:
         payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
-        return parsed(DiversityResponse, await self._request("POST", "/v1/diversity", payload))
+        return parsed(DiversityResponse, await self._request("POST", "/v1/diversity", payload, deadline))
 
     async def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
@@ -286,8 +367,8 @@ class AsyncSetpoClient(_ClientConfig):
         response = await self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
         return parsed(EmbeddingsResponse, response)
 
-    async def info(self) -> Info:
-        return parsed(Info, await self._request("GET", "/info"))
+    async def info(self, deadline: float | None = None) -> Info:
+        return parsed(Info, await self._request("GET", "/info", deadline=deadline))
 
     async def models(self) -> ModelList:
         return parsed(ModelList, await self._request("GET", "/v1/models"))

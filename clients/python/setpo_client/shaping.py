@@ -74,6 +74,7 @@ class SetpoShaper:
         kernel: Kernel = "embedding",
         normalize: Normalize = "none",
         controller: WeightController | None = None,
+        step_timeout: float | None = None,
     ):
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"weight (lambda) must be a finite number >= 0, got {weight}")
@@ -91,6 +92,9 @@ class SetpoShaper:
         self.client, self.weight, self.on_error, self.max_chars = client, weight, on_error, max_chars
         self.min_reward, self.key, self.kernel, self.normalize = min_reward, key, kernel, normalize
         self.controller = controller
+        # one budget for a step's requests, retries and waits included (default: the client's timeout)
+        timeout = client.timeout if isinstance(client.timeout, int | float) else client.timeout.read
+        self.step_timeout = step_timeout if step_timeout is not None else timeout
         self.info: Info | None = None  # learned at the first step (or check()); forgotten after a failure
         self.fallback_steps = 0
         self.unscored_groups = 0
@@ -109,8 +113,8 @@ class SetpoShaper:
             ) from exc
         return self.info
 
-    def learn_info(self) -> Info:
-        info = self.client.info()
+    def learn_info(self, deadline: float | None = None) -> Info:
+        info = self.client.info(deadline=deadline)
         if info.contract is None or tuple(int(part) for part in info.contract.split(".")[:2]) < (1, 1):
             raise SetpoError(
                 f"the service speaks contract {info.contract or '1.0'} (setpo-server {info.version}); SetpoShaper "
@@ -140,11 +144,12 @@ class SetpoShaper:
         bonus = [[0.0] * len(group) for group in groups]
         found: list[list[float] | None] = [None] * len(groups)
         scored: list[tuple[int, GroupResult]] = []
-        counts = {"unscored": 0, "small_scope": 0, "cut": 0, "requests": 0}
+        counts = {"unscored": 0, "small_scope": 0, "bad": 0, "cut": 0, "requests": 0}
         failed = False
         if weight > 0 and groups:
+            deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
             try:
-                scored = self.request_step(groups, scorable, rewards, keys, weight, counts)
+                scored = self.request_step(groups, scorable, rewards, keys, weight, counts, deadline)
             except Exception as exc:
                 self.fall_back(exc)
                 failed = True
@@ -173,11 +178,12 @@ class SetpoShaper:
         keys: Sequence[Sequence[str | None]] | None,
         weight: float,
         counts: dict[str, int],
+        deadline: float | None,
     ) -> list[tuple[int, GroupResult]]:
-        """The step's scorable groups as v1.1 payloads, fitted into requests, sent; (group index, the service's
-        answer for it) for every group sent."""
+        """The step's scorable groups as v1.1 payloads, fitted into requests, sent within the step's deadline;
+        (group index, the service's answer for it) for every group sent."""
         if self.info is None:
-            self.info = self.learn_info()
+            self.info = self.learn_info(deadline)
         payloads = []
         for index, rows in enumerate(scorable):
             members = [groups[index][row] for row in rows]
@@ -193,6 +199,11 @@ class SetpoShaper:
                     continue
             if self.kernel != "embedding":
                 payload["keys"] = [keys[index][row] for row in rows] if keys is not None else self.keys_of(members)
+            problem = group_problem(payload)
+            if problem is not None:  # the group's own members are at fault: it alone goes unshaped
+                counts["bad"] += 1
+                log.warning("SetPO: group %d of the step cannot be sent (%s); its bonus is 0", index, problem)
+                continue
             payloads.append((index, payload, len(rows)))
         envelope = {"groups": [], "weight": weight, "kernel": self.kernel, "normalize": self.normalize}
         if self.min_reward is not None:
@@ -206,6 +217,7 @@ class SetpoShaper:
                 min_reward=self.min_reward,
                 kernel=self.kernel,
                 normalize=self.normalize,
+                deadline=deadline,
             )
             counts["requests"] += 1
             sent = [len(next(iter(payload.values()))) for _, payload in batch]  # every field: one entry a member
@@ -261,6 +273,7 @@ class SetpoShaper:
             "setpo/unscored_groups": float(counts["unscored"]),
             "setpo/unscored_groups_total": float(self.unscored_groups),
             "setpo/small_scope_groups": float(counts["small_scope"]),
+            "setpo/bad_groups": float(counts["bad"]),
             "setpo/scored_groups": float(sum(1 for _, result in scored if result.scored)),
             "setpo/scored_share": sum(result.scored or 0 for _, result in scored) / max(1, len(members)),
             "setpo/cut_texts": float(counts["cut"]),
@@ -356,8 +369,26 @@ def rms(values: Sequence[float]) -> float:
     return math.sqrt(math.fsum(v * v for v in values) / len(values)) if values else 0.0
 
 
-def hashable(member: str | Sequence[float]) -> str | tuple[float, ...]:
-    return member if isinstance(member, str) else tuple(member)
+def group_problem(payload: dict) -> str | None:
+    """Why a group's payload cannot be sent, by its own members' fault (a text that is not text, a vector that is
+    not a flat list of numbers, NaN, a lone surrogate), or None."""
+    texts, rows = payload.get("texts"), payload.get("embeddings")
+    if texts is not None and not all(isinstance(text, str) for text in texts):
+        return "a member is not text"
+    if rows is not None:
+        flat = all(isinstance(row, list | tuple) and row and all(type(x) in (int, float) for x in row) for row in rows)
+        if not flat or len({len(row) for row in rows}) > 1:
+            return "a member is not a vector of numbers of the group's length"
+    try:
+        json_body(payload)  # NaN and infinity, lone surrogates
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def hashable(member: object) -> object:
+    """A member as a set element: texts as they are, anything else by its repr (vectors, or whatever was passed)."""
+    return member if isinstance(member, str) else repr(member)
 
 
 def duplicate_share(groups: Sequence[Sequence]) -> float:
