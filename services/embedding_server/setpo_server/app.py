@@ -7,13 +7,15 @@ import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from setpo_server import __version__, metrics
 from setpo_server.backend import Backend
 from setpo_server.batcher import Batcher, resolve_batch_tokens
 from setpo_server.errors import install_error_handlers
-from setpo_server.routes import BIG_BODIES_AT_ONCE, publish_request_bodies, router
+from setpo_server.routes import BIG_BODIES_AT_ONCE, publish_request_bodies, require_key, router
 from setpo_server.settings import Settings
 
 log = logging.getLogger("setpo_server")
@@ -53,6 +55,25 @@ async def load_model(app: FastAPI) -> None:
     log.info("ready")
 
 
+def docs_routes(app: FastAPI) -> APIRouter:
+    """/openapi.json, /docs and /redoc as FastAPI serves them, behind the key."""
+    docs = APIRouter(dependencies=[Depends(require_key)], include_in_schema=False)
+
+    @docs.get("/openapi.json")
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @docs.get("/docs")
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="setpo")
+
+    @docs.get("/redoc")
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title="setpo")
+
+    return docs
+
+
 def create_app(settings: Settings | None = None, threads: int | None = None) -> FastAPI:
     """`threads`: what runtime.use_threads set (reported by /info); by default torch's own count."""
     settings = settings or Settings()
@@ -66,11 +87,16 @@ def create_app(settings: Settings | None = None, threads: int | None = None) -> 
             await app.state.batcher.close()
         metrics.READY.set(0)
 
+    docs_behind_key = settings.api_key is not None and not settings.public_docs
     app = FastAPI(
         title="setpo",
         summary="SetPO diversity service: leave-one-out marginals and shaped advantages for groups of responses",
         version=__version__,
         lifespan=lifespan,
+        # with a key, the API's description is served behind it too (docs_routes), unless SETPO_PUBLIC_DOCS
+        openapi_url=None if docs_behind_key else "/openapi.json",
+        docs_url=None if docs_behind_key else "/docs",
+        redoc_url=None if docs_behind_key else "/redoc",
     )
     if threads is None:
         import torch
@@ -86,6 +112,8 @@ def create_app(settings: Settings | None = None, threads: int | None = None) -> 
     app.state.big_bodies = asyncio.Semaphore(BIG_BODIES_AT_ONCE)
     install_error_handlers(app)
     app.include_router(router)
+    if docs_behind_key:
+        app.include_router(docs_routes(app))
     publish_request_bodies(app)
     app.add_middleware(metrics.RequestMetrics)  # times and counts every answer, 401s and 413s included
     return app

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import resource
 import sys
 
 import uvicorn
@@ -33,28 +34,46 @@ def main() -> None:
     threads = use_threads(settings.threads)  # before the model and the tokenizer build their pools
 
     from setpo_server.app import create_app
-    from setpo_server.protocol import HeaderDeadlineProtocol
+    from setpo_server.protocol import BoundedProtocol
 
     app = create_app(settings, threads)
     # One process: the model lives once in memory, and the batcher sees every request to coalesce them.
     # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits.
-    HeaderDeadlineProtocol.header_timeout = settings.header_timeout
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=30,
-            http=HeaderDeadlineProtocol,
-        )
+    BoundedProtocol.header_timeout = settings.header_timeout
+    BoundedProtocol.max_header_bytes = settings.max_header_bytes
+    BoundedProtocol.write_timeout = settings.write_timeout
+    BoundedProtocol.max_connections = max_connections(settings.max_connections)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=30,
+        http=BoundedProtocol,
     )
+    logging.getLogger("uvicorn.access").addFilter(without_query)  # after Config, which sets up uvicorn's loggers
+    server = uvicorn.Server(config)
     app.state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below
     server.run()
     if app.state.fatal:
         print(f"setpo-server: stopped after a fatal failure: {app.state.fatal}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(1)  # not sys.exit: the interpreter would wait for a hung forward thread forever
+
+
+def max_connections(setting: int | str) -> int:
+    """auto: the descriptor limit less a reserve for the model's files, logs and threads (at least 16)."""
+    if setting != "auto":
+        return int(setting)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, soft - 64) if soft != resource.RLIM_INFINITY else 65536
+
+
+def without_query(record: logging.LogRecord) -> bool:
+    """uvicorn's access line without the query string: a key or token a caller put there must not reach a log."""
+    if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
+        record.args = (*record.args[:2], record.args[2].split("?", 1)[0], *record.args[3:])
+    return True
 
 
 if __name__ == "__main__":

@@ -33,8 +33,18 @@ class ApiError(Exception):
             self.headers["WWW-Authenticate"] = "Bearer"
 
 
+# An error names what is wrong; it never hands a caller's body back (a 100 KB model name came back whole before).
+MAX_MESSAGE_CHARS = 1000
+
+
+def echoed(value: str, limit: int = 100) -> str:
+    """Something the caller sent, quoted for an error message and cut to `limit` characters."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 def error_response(error: ApiError) -> JSONResponse:
-    body = ErrorResponse(error=ErrorDetail(message=error.message, type=error.type, param=error.param))
+    message = error.message if len(error.message) <= MAX_MESSAGE_CHARS else error.message[:MAX_MESSAGE_CHARS] + "..."
+    body = ErrorResponse(error=ErrorDetail(message=message, type=error.type, param=error.param))
     return JSONResponse(body.model_dump(), status_code=error.status, headers=error.headers)
 
 

@@ -37,6 +37,20 @@ TEXTS_TRUNCATED = Counter("setpo_texts_truncated_total", "Texts cut to the model
 CONNECTIONS_TIMED_OUT = Counter(
     "setpo_connections_timed_out_total", "Connections closed with 408: request headers not in by SETPO_HEADER_TIMEOUT"
 )
+HEADERS_TOO_LARGE = Counter(
+    "setpo_headers_too_large_total", "Connections closed with 431: request headers over SETPO_MAX_HEADER_BYTES"
+)
+CONNECTIONS_OPEN = Gauge("setpo_connections_open", "Client connections open")
+CONNECTIONS_RECLAIMED = Counter(
+    "setpo_connections_reclaimed_total", "Idle connections closed to make room at SETPO_MAX_CONNECTIONS"
+)
+CONNECTIONS_REFUSED = Counter(
+    "setpo_connections_refused_total", "Connections answered 503 and closed: SETPO_MAX_CONNECTIONS, all busy"
+)
+CONNECTIONS_WRITE_TIMED_OUT = Counter(
+    "setpo_connections_write_timed_out_total",
+    "Connections dropped with their answer: the caller did not take it within SETPO_WRITE_TIMEOUT",
+)
 READY = Gauge("setpo_ready", "1 once the model is loaded and warmed up")
 
 

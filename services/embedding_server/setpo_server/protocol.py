@@ -1,38 +1,130 @@
-"""uvicorn's HTTP/1.1 protocol (httptools) with a deadline for each request's headers: SETPO_HEADER_TIMEOUT.
+"""uvicorn's HTTP/1.1 protocol (httptools) with every byte a caller makes the service hold bounded in size and time.
 
-uvicorn times a body only through the app (SETPO_RECEIVE_TIMEOUT) and idle keep-alive connections only until
-their next byte, so a caller that never sends a request line, or trickles header lines (slowloris), would hold
-a connection and a file descriptor forever. The clock starts when the connection opens or a request's first
-byte arrives, and stops when its headers are complete; on expiry the caller gets 408 and the connection closes.
+uvicorn bounds none of these itself (docs/reliability.md has each probe and its figures):
+- headers: a clock from the connection's or the request's first byte to the end of its headers
+  (SETPO_HEADER_TIMEOUT, then 408) and a byte count (SETPO_MAX_HEADER_BYTES, then 431), or a silent caller, a
+  slowloris or one endless header would hold a connection, a descriptor and memory;
+- leftover bodies: uvicorn cancels its keep-alive timer on *any* byte, so the unread rest of an answered request's
+  body, trickled a byte at a time, kept a connection forever; here only a new request does, so a connection whose
+  request was answered closes on the keep-alive timer whatever the parser is still waiting for;
+- descriptors: at SETPO_MAX_CONNECTIONS (default: the descriptor limit less a reserve) a new connection closes the
+  longest-idle one (between requests, or not yet begun), or, when every connection is busy, gets 503 and is closed:
+  refused in words, where running out of descriptors would refuse /health in silence;
+- answers nobody reads: an answer still unsent SETPO_WRITE_TIMEOUT after the socket stopped taking it is dropped
+  with its connection, and the memory it held goes back to the OS.
 """
 
 import asyncio
+import time
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from setpo_server.metrics import CONNECTIONS_TIMED_OUT
+from setpo_server import metrics
+from setpo_server.runtime import MALLOC_TRIM
 from setpo_server.schemas import ErrorDetail, ErrorResponse
 
 
-class HeaderDeadlineProtocol(HttpToolsProtocol):
-    header_timeout: float = 10.0  # setpo-server sets it from the settings (cli.py)
-    header_deadline: asyncio.TimerHandle | None = None  # the running clock, per connection once started
+class BoundedProtocol(HttpToolsProtocol):
+    # setpo-server sets these from the settings (cli.py)
+    header_timeout: float = 10.0
+    max_header_bytes: int = 32 * 1024
+    write_timeout: float = 30.0
+    max_connections: int = 1024
+    header_deadline: asyncio.TimerHandle | None = None  # the running header clock, per connection once started
+    write_deadline: asyncio.TimerHandle | None = None  # runs while the socket takes no more of an answer
+    header_bytes: int = 0  # received since the request began, while its headers are incomplete
+    in_headers: bool = True  # from the connection's or a request's first byte until its headers are complete
+    in_request: bool = False  # from a request's first byte until its answer is sent
+    idle_since: float = 0.0  # monotonic time it last became idle (between requests, or opened)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
+        self.idle_since = time.monotonic()
+        if len(self.connections) > self.max_connections and not self.reclaim_idle():
+            metrics.CONNECTIONS_REFUSED.inc()
+            message = (
+                f"the service holds SETPO_MAX_CONNECTIONS={self.max_connections} connections, all busy; retry shortly"
+            )
+            self.refuse(503, "Service Unavailable", message, "overloaded", None, retry_after=1)
+            return
+        metrics.CONNECTIONS_OPEN.set(len(self.connections))
         self.start_header_clock()  # a caller that connects and says nothing
+
+    def reclaim_idle(self) -> bool:
+        """Close the connection idle longest (no request under way) to make room; False if every one is busy."""
+        idle = [c for c in self.connections if c is not self and isinstance(c, BoundedProtocol) and not c.in_request]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c.idle_since)
+        oldest.transport.close()
+        oldest.connections.discard(oldest)  # room now, not when the loop gets round to connection_lost
+        metrics.CONNECTIONS_RECLAIMED.inc()
+        return True
+
+    def data_received(self, data: bytes) -> None:
+        # As uvicorn's, but leftover body bytes no longer cancel the keep-alive timer (on_message_begin does), and
+        # header bytes are counted: httptools keeps an unfinished header line whole, however long it grows.
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self.in_headers:  # counted after the feed: a chunk that ends the headers may carry body bytes too
+            self.header_bytes += len(data)
+            if self.header_bytes > self.max_header_bytes and not self.transport.is_closing():
+                metrics.HEADERS_TOO_LARGE.inc()
+                message = f"the request headers are larger than SETPO_MAX_HEADER_BYTES={self.max_header_bytes} bytes"
+                self.refuse(431, "Request Header Fields Too Large", message, "invalid_request_error", "headers")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._unset_keepalive_if_required()  # a new request: the connection is no longer idle
+        self.in_request, self.in_headers, self.header_bytes = True, True, 0
         self.start_header_clock()
 
     def on_headers_complete(self) -> None:
         self.stop_header_clock()
+        self.in_headers = False
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        if not self.pipeline:
+            self.in_request, self.idle_since = False, time.monotonic()
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_header_clock()
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
         super().connection_lost(exc)
+        metrics.CONNECTIONS_OPEN.set(len(self.connections))
+
+    def pause_writing(self) -> None:
+        """The socket takes no more for now: the rest of the answer must go within SETPO_WRITE_TIMEOUT."""
+        super().pause_writing()
+        if self.write_deadline is None:
+            self.write_deadline = self.loop.call_later(self.write_timeout, self.answer_not_taken)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
+
+    def answer_not_taken(self) -> None:
+        self.write_deadline = None
+        metrics.CONNECTIONS_WRITE_TIMED_OUT.inc()
+        self.transport.abort()  # drops the unsent answer now (close() would keep it until sent)
+        if MALLOC_TRIM is not None:
+            MALLOC_TRIM(0)  # the answer's pages go back to the OS, not to a heap that keeps them
 
     def start_header_clock(self) -> None:
         if self.header_deadline is None:  # the connection's own clock still runs when its first byte arrives
@@ -50,16 +142,19 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request behind a response
             self.cycle.keep_alive = False  # being written: close once it is out, as uvicorn's shutdown does
             return
-        CONNECTIONS_TIMED_OUT.inc()
+        metrics.CONNECTIONS_TIMED_OUT.inc()
         message = f"the request headers did not arrive within SETPO_HEADER_TIMEOUT={self.header_timeout} s"
-        body = (
-            ErrorResponse(error=ErrorDetail(message=message, type="timeout", param="headers"))
-            .model_dump_json()
-            .encode()
-        )
+        self.refuse(408, "Request Timeout", message, "timeout", "headers")
+
+    def refuse(
+        self, status: int, reason: str, message: str, kind: str, param: str | None, retry_after: int | None = None
+    ) -> None:
+        """Answer in the service's JSON error shape from the connection itself, and close it."""
+        body = ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param)).model_dump_json().encode()
+        retry = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
         head = (
-            f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n"
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"{retry}connection: close\r\n\r\n"
         )
         self.transport.write(head.encode() + body)
         self.transport.close()

@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 from setpo_core.diversity import unit_rows
 from setpo_server import CONTRACT_VERSION, __version__, metrics
 from setpo_server.batcher import Batcher, BatcherFailed, Overloaded, TooLarge
-from setpo_server.errors import ApiError, body_too_large
+from setpo_server.errors import ApiError, body_too_large, echoed
 from setpo_server.schemas import (
     DiversityRequest,
     DiversityResponse,
@@ -165,6 +165,17 @@ def check_text_lengths(texts: list[str], settings: Settings, param: str) -> None
             raise ApiError(422, message, "invalid_request_error", f"{param}[{j}]")
 
 
+def check_answer_size(estimate: int, settings: Settings, param: str, advice: str) -> None:
+    """Refuse, before any work, an answer larger than SETPO_MAX_RESPONSE_BYTES: what a caller may make us hold
+    while it reads (slowly, or never) is bounded like what it may send."""
+    if estimate > settings.max_response_bytes:
+        message = (
+            f"the answer would take about {estimate} bytes, more than SETPO_MAX_RESPONSE_BYTES="
+            f"{settings.max_response_bytes}; {advice}send fewer inputs, or split the request"
+        )
+        raise ApiError(422, message, "invalid_request_error", param)
+
+
 @router.get("/health")
 async def health() -> dict:
     """Alive: the process answers. Says nothing about the model (see /ready)."""
@@ -220,7 +231,8 @@ async def models(batcher: Batcher = Depends(ready_batcher)) -> ModelList:
 async def model(model: str, batcher: Batcher = Depends(ready_batcher)) -> Model:
     """OpenAI's model retrieval; the served model by its name or by the path or hub id it was loaded from."""
     if model not in (batcher.backend.name, batcher.backend.model_path):
-        raise ApiError(404, f"this server serves model {batcher.backend.name!r}, not {model!r}", "not_found", "model")
+        message = f"this server serves model {batcher.backend.name!r}, not {echoed(model)}"
+        raise ApiError(404, message, "not_found", "model")
     return served_model(batcher)
 
 
@@ -280,6 +292,7 @@ async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher))
     if rows > settings.max_request_rows:
         message = f"request has {rows} texts and embedding rows, more than SETPO_MAX_REQUEST_ROWS={settings.max_request_rows}; split it"
         raise ApiError(422, message, "invalid_request_error", "groups")
+    check_answer_size(rows * 5 * 24 + len(body.groups) * 160, settings, "groups", "")  # <= 5 numbers a member
 
     weight = settings.weight if body.weight is None else body.weight
     results, usage = await until_done_or_gone(request, score_request(body, batcher, weight, settings.shape), "groups")
@@ -303,9 +316,8 @@ async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)
     body = await read_body(request, EmbeddingsRequest)
     backend = batcher.backend
     if body.model is not None and body.model not in (backend.name, backend.model_path):
-        raise ApiError(
-            422, f"this server serves model {backend.name!r}, not {body.model!r}", "invalid_request_error", "model"
-        )
+        message = f"this server serves model {backend.name!r}, not {echoed(body.model)}"
+        raise ApiError(422, message, "invalid_request_error", "model")
     if body.dimensions is not None and body.dimensions > backend.dimension:
         message = f"dimensions={body.dimensions} is more than the model's {backend.dimension}"
         raise ApiError(422, message, "invalid_request_error", "dimensions")
@@ -314,6 +326,10 @@ async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)
         message = f"input has {len(texts)} texts, more than SETPO_MAX_EMBEDDING_INPUTS={settings.max_embedding_inputs}; split it"
         raise ApiError(422, message, "invalid_request_error", "input")
     check_text_lengths(texts, settings, "input")
+    dims = body.dimensions or backend.dimension
+    # per vector: base64 of float32 is 4 * ceil(4 d / 3) characters, a JSON float at most ~24; 48 for the rest
+    per_vector = 4 * -(-4 * dims // 3) if body.encoding_format == "base64" else 24 * dims
+    check_answer_size(len(texts) * (per_vector + 48), settings, "input", "ask for encoding_format 'base64', ")
 
     embedded = await until_done_or_gone(request, embed_texts(batcher, texts), "input")
 

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     """Seconds a caller has to send its whole body; a slower or stalled sender gets 408."""
     header_timeout: float = Field(10.0, gt=0)
     """Seconds a caller has to send a request's headers, from connecting or the request's first byte; then 408 and the connection is closed."""
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    """Bytes of one request's line and headers (nginx 8-32 KiB, TEI 8 KiB); then 431 and the connection is closed."""
+    write_timeout: float = Field(30.0, gt=0)
+    """Seconds an answer may wait for a caller that stopped reading it; then it is dropped with the connection."""
+    max_connections: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """Client connections held at once; auto = the descriptor limit (ulimit -n) less 64. At the limit the longest-idle connection is closed; if all are busy, 503."""
 
     # Request limits (413 for the body, 422 for the rest, each naming the setting)
     max_groups: int = Field(4096, ge=1)
@@ -69,6 +75,8 @@ class Settings(BaseSettings):
     """Characters of one text; the server then cuts it to 10 characters per model token before tokenising."""
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     """Bytes of one request body (a JSON number can cost ~37 bytes to parse: docs/reliability.md)."""
+    max_response_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    """Bytes an answer may take, estimated before the work (2048 MiniLM embeddings as JSON floats are ~17 MB)."""
 
     # SetPO
     weight: float = Field(0.05, ge=0, allow_inf_nan=False)
@@ -78,7 +86,9 @@ class Settings(BaseSettings):
 
     # A secret never goes on a command line (ps, shell history): the environment or a Secret only.
     api_key: CliSuppress[SecretStr | None] = None
-    """When set, /info and /v1/* need 'Authorization: Bearer <key>'."""
+    """When set, /info, /v1/* and the API docs (/openapi.json, /docs, /redoc) need 'Authorization: Bearer <key>'."""
+    public_docs: bool = False
+    """With a key set: serve /openapi.json, /docs and /redoc without it."""
 
     host: str = "127.0.0.1"
     """Address to bind."""
@@ -97,4 +107,7 @@ class Settings(BaseSettings):
     @field_validator("api_key")
     @classmethod
     def _empty_key_means_off(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and not (key.get_secret_value().isascii() and key.get_secret_value().isprintable()):
+            # HTTP headers carry latin-1 and clients send ASCII: such a key could never be presented
+            raise ValueError("must be printable ASCII (an HTTP header carries it); choose another key")
         return key if key is not None and key.get_secret_value() else None

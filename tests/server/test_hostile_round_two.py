@@ -1,0 +1,235 @@
+"""Hostile clients, round two (issue 25): header bytes, leftover bodies, descriptors, answers nobody reads, and
+small leaks. One real server on a socket for every probe that needs one (bytes and their timing are the point),
+started under a 256-descriptor limit as a small container would have; the rest in-process."""
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from setpo_server.local import LocalServer
+from tests.inprocess import InProcessService
+from tests.metrics import metric
+from tests.reliability.hostile import resident_mb
+
+KEY = "round-two-key-77c1"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+WRITE_TIMEOUT = 2
+
+
+@pytest.fixture(scope="module")
+def server():
+    command = ["prlimit", "--nofile=256:256", sys.executable, "-m", "setpo_server.cli"]
+    with LocalServer(command=command, api_key=KEY, write_timeout=WRITE_TIMEOUT, header_timeout=8) as running:
+        yield running
+
+
+def connect(server: LocalServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def read_answer(sock: socket.socket, timeout: float = 10) -> bytes:
+    """What the server sends until it closes the connection (or the timeout)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return data
+
+
+def health_seconds(server: LocalServer) -> float:
+    started = time.monotonic()
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    return time.monotonic() - started
+
+
+def test_a_header_over_the_limit_gets_431_and_the_connection_closes(server):
+    sock = connect(server)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed while we still send: the limit at work
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n\r\n")
+    answer = read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+    assert b"SETPO_MAX_HEADER_BYTES" in answer
+
+
+def stream_one_header(server: LocalServer, seconds: float, sent: list[int]) -> None:
+    """A caller streaming one endless header for `seconds` (288 MB in 12 s was the issue's probe)."""
+    sock = connect(server)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+    chunk, deadline = b"a" * 65536, time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            sock.sendall(chunk)
+            sent.append(len(chunk))
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def test_callers_streaming_endless_headers_take_neither_memory_nor_time(server):
+    baseline = resident_mb(server.process.pid)
+    sent: list[int] = []
+    callers = [threading.Thread(target=stream_one_header, args=(server, 6, sent)) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    time.sleep(1)
+    probes = [health_seconds(server) for _ in range(5)]
+    peak = resident_mb(server.process.pid)
+    for caller in callers:
+        caller.join()
+    assert max(probes) < 1.0, probes
+    assert peak - baseline < 64, f"resident memory grew {peak - baseline:.0f} MB"
+    assert sum(sent) < 4 * 4 * 1024 * 1024  # each caller was cut off near the limit, not after seconds of bytes
+
+
+def test_a_leftover_body_cannot_pin_a_connection(server):
+    """GET with a Content-Length body the route never reads, its bytes trickling in after the answer: the
+    connection is closed on the keep-alive timer, whatever the parser is waiting for."""
+    socks = [connect(server) for _ in range(20)]
+    for sock in socks:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc")
+    started = time.monotonic()
+    closed: set[int] = set()
+    while time.monotonic() - started < 12 and len(closed) < len(socks):
+        for i, sock in enumerate(socks):
+            if i in closed:
+                continue
+            try:
+                sock.sendall(b"x")  # one more leftover byte a second keeps uvicorn's keep-alive timer from firing
+                sock.settimeout(0.02)
+                while chunk := sock.recv(65536):
+                    assert chunk
+                closed.add(i)  # recv returned b"": the server closed it
+            except TimeoutError:
+                pass
+            except OSError:
+                closed.add(i)
+        time.sleep(1)
+    elapsed = time.monotonic() - started
+    assert len(closed) == len(socks), f"{len(socks) - len(closed)} connections still open after {elapsed:.0f} s"
+    assert elapsed < 10
+
+
+def test_near_the_descriptor_limit_idle_connections_make_room_and_health_answers(server):
+    idle = []
+    try:
+        for _ in range(240):  # with 256 descriptors, the model's files and the listener, this is past the limit
+            sock = connect(server)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            idle.append(sock)
+        time.sleep(0.5)
+        assert health_seconds(server) < 2
+        assert metric(server, "setpo_connections_reclaimed_total") > 0
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_when_every_connection_is_busy_a_new_one_gets_503_not_silence(server):
+    refused = metric(server, "setpo_connections_refused_total")
+    busy = []
+    try:
+        for _ in range(240):  # each in the middle of its headers (the header clock gives them 8 s)
+            sock = connect(server)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            busy.append(sock)
+        time.sleep(0.5)
+        sock = connect(server)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = read_answer(sock, timeout=5)
+        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after" in answer.lower(), answer[:200]
+        assert b"SETPO_MAX_CONNECTIONS" in answer
+    finally:
+        for sock in busy:
+            sock.close()
+    time.sleep(0.5)
+    assert metric(server, "setpo_connections_refused_total") > refused
+    assert health_seconds(server) < 2  # room again once they are gone
+
+
+def ask_and_never_read(server: LocalServer) -> socket.socket:
+    body = b'{"input": [' + b",".join([b'"the same short text"'] * 2048) + b"]}"
+    sock = connect(server)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return sock
+
+
+def test_answers_nobody_reads_are_dropped_at_the_write_deadline_and_memory_returns(server):
+    baseline = resident_mb(server.process.pid)
+    readers = [ask_and_never_read(server) for _ in range(24)]  # 16 MB of float JSON each, deduplicated to one text
+    try:
+        time.sleep(4)
+        peak = resident_mb(server.process.pid)
+        server.wait_until(lambda: metric(server, "setpo_connections_write_timed_out_total") >= 20, timeout=30)
+        time.sleep(2)  # the forward thread's once-a-second trim returns the freed pages
+        after = resident_mb(server.process.pid)
+    finally:
+        for sock in readers:
+            sock.close()
+    assert peak - baseline > 100, "the probe did not make the server hold its answers"
+    assert after - baseline < 64, f"resident memory still {after - baseline:.0f} MB above its start"
+
+
+def test_an_answer_over_max_response_bytes_is_refused_before_the_work():
+    with InProcessService(max_response_bytes=1024 * 1024) as small, small.client(max_retries=0) as client:
+        response = client._http.post("/v1/embeddings", json={"input": ["some text"] * 400})
+        assert response.status_code == 422, response.text
+        assert "SETPO_MAX_RESPONSE_BYTES=1048576" in response.json()["error"]["message"]
+        assert "base64" in response.json()["error"]["message"]  # what to do: the compact encoding, or fewer inputs
+        fits = {"input": ["some text"] * 400, "encoding_format": "base64"}
+        assert client._http.post("/v1/embeddings", json=fits).status_code == 200
+
+
+def test_a_key_sent_in_the_query_string_reaches_no_log(server):
+    httpx.get(server.url + "/info?api_key=query-secret-5521", headers=AUTH)
+    httpx.get(server.url + "/health?token=query-secret-5521")
+    time.sleep(0.3)
+    assert "query-secret-5521" not in server.log()
+    assert "GET /info" in server.log()  # the request is still logged, its query string is not
+
+
+def test_openapi_and_docs_need_the_key_when_one_is_set(server):
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        assert httpx.get(server.url + path).status_code == 401, path
+    assert httpx.get(server.url + "/openapi.json", headers=AUTH).status_code == 200
+    assert httpx.get(server.url + "/docs", headers=AUTH).status_code == 200
+
+
+def test_docs_stay_open_when_a_setting_says_so():
+    with InProcessService(api_key=KEY, public_docs=True) as open_docs, open_docs.client() as client:
+        assert client._http.get("/openapi.json").status_code == 200
+
+
+def test_a_non_ascii_key_is_refused_at_start_with_a_clear_message():
+    run = subprocess.run(
+        [sys.executable, "-m", "setpo_server.cli"],
+        env={"SETPO_API_KEY": "ключ-секрет", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0
+    assert "SETPO_API_KEY" in run.stderr and "ASCII" in run.stderr
+    assert "ключ-секрет" not in run.stderr  # the refusal does not print the secret
+
+
+def test_an_error_echoes_no_more_than_a_few_hundred_characters(inprocess):
+    response = inprocess._http.post("/v1/embeddings", json={"input": "hi", "model": "m" * 100_000})
+    assert response.status_code in (400, 422)
+    assert len(response.json()["error"]["message"]) < 500
+    retrieved = inprocess._http.get("/v1/models/" + "n" * 50_000)
+    assert retrieved.status_code == 404 and len(retrieved.json()["error"]["message"]) < 500
