@@ -47,6 +47,7 @@ class Outcome:
     statuses: Counter = field(default_factory=Counter)
     rss_before_mb: float = 0.0
     rss_peak_mb: float = 0.0
+    rss_after_mb: float | None = None  # where a scenario measures what stays held once its callers are done
     health_ms: list[float] = field(default_factory=list)
     small_callers_ms: list[float] = field(default_factory=list)
     forward_ms: float | None = None  # the mean forward pass meanwhile (setpo_forward_seconds), to compare with
@@ -62,6 +63,7 @@ class Outcome:
             "seconds": round(self.seconds, 1),
             "rss_before_mb": round(self.rss_before_mb),
             "rss_peak_mb": round(self.rss_peak_mb),
+            "rss_after_mb": None if self.rss_after_mb is None else round(self.rss_after_mb),
             "health_p50_ms": percentile(self.health_ms, 0.5),
             "health_p99_ms": percentile(self.health_ms, 0.99),
             "health_max_ms": percentile(self.health_ms, 1.0),
@@ -262,15 +264,109 @@ def disconnect_storm(server: LocalServer, outcome: Outcome, full: bool) -> None:
     post(server, "/v1/diversity", {"groups": [{"texts": ["after", "the", "storm"]}]}, outcome)
 
 
-SCENARIOS = [amplification, wrong_key_bodies, slowloris, huge_job_and_small_callers, nan_flood, disconnect_storm]
+def endless_headers(server: LocalServer, outcome: Outcome, full: bool) -> None:
+    """Callers streaming one endless header line as fast as they can, reconnecting whenever they are cut off
+    (the issue's probe: 288 MB in 12 s)."""
+    callers, seconds = (4, 12) if full else (4, 4)
+    deadline = time.monotonic() + seconds
+
+    def stream() -> None:
+        while time.monotonic() < deadline:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+            with contextlib.suppress(OSError):
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+                while time.monotonic() < deadline:
+                    sock.sendall(b"a" * 65536)
+            sock.settimeout(5)
+            try:
+                outcome.statuses[sock.recv(64).split(b" ")[1].decode()] += 1
+            except (OSError, IndexError):
+                outcome.statuses["no answer"] += 1
+            sock.close()
+
+    with ThreadPoolExecutor(callers) as pool:
+        list(pool.map(lambda _: stream(), range(callers)))
 
 
-def run_hostile(full: bool = False) -> tuple[list[Outcome], bool, str]:
-    """Every scenario against one server; returns the outcomes, whether the process survived, and its log."""
+def leftover_bodies(server: LocalServer, outcome: Outcome, full: bool) -> None:
+    """Answered GETs whose Content-Length body keeps trickling in a byte a second: do they pin their sockets?"""
+    count = 200 if full else 20
+    socks = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc")
+        socks.append(sock)
+    for _ in range(15):  # well past uvicorn's 5 s keep-alive timeout
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"x")
+        time.sleep(1)
+    for sock in socks:
+        sock.setblocking(False)
+        try:
+            while sock.recv(65536):
+                pass
+            outcome.statuses["closed"] += 1  # b"": the server closed it
+        except BlockingIOError:
+            outcome.statuses["still open"] += 1
+        except OSError:
+            outcome.statuses["closed"] += 1
+        sock.close()
+
+
+def unread_answers(server: LocalServer, outcome: Outcome, full: bool) -> None:
+    """Callers that ask for 16 MB answers (2048 copies of one text: cheap to compute) and never read them."""
+    callers = 60 if full else 12
+    write_timeout = httpx.get(server.url + "/info", headers=AUTH).json()["limits"].get("write_timeout", 30)
+    body = b'{"input": [' + b",".join([b'"the same short text"'] * 2048) + b"]}"
+    socks = []
+    for _ in range(callers):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        socks.append(sock)
+    time.sleep(min(write_timeout, 60) + 10)  # every answer computed, and the write deadline past
+    outcome.rss_after_mb = resident_mb(server.process.pid)
+    for sock in socks:
+        sock.setblocking(False)
+        try:
+            while sock.recv(65536):  # what had reached us before the server stopped sending
+                pass
+            outcome.statuses["dropped"] += 1  # b"": closed
+        except BlockingIOError:
+            outcome.statuses["still held"] += 1  # nothing more now, but the connection is open
+        except OSError:
+            outcome.statuses["dropped"] += 1  # reset: the server aborted it
+        sock.close()
+
+
+SCENARIOS = [
+    amplification,
+    wrong_key_bodies,
+    slowloris,
+    huge_job_and_small_callers,
+    nan_flood,
+    disconnect_storm,
+    endless_headers,
+    leftover_bodies,
+    unread_answers,
+]
+
+
+def run_hostile(
+    full: bool = False, only: list[str] | None = None, settings: dict | None = None
+) -> tuple[list[Outcome], bool, str]:
+    """Every scenario (or those named) against one server; returns the outcomes, whether the process survived,
+    and its log. `settings` override the server's (e.g. a limit turned off, to measure what it prevents)."""
     outcomes = []
-    # the quick form cuts slow senders off sooner, so that it fits in make test
-    with LocalServer(api_key=KEY, **({} if full else {"receive_timeout": 5, "header_timeout": 5})) as server:
-        for scenario in SCENARIOS:
+    # the quick form cuts slow senders and unread answers off sooner, so that it fits in make test
+    quick = {} if full else {"receive_timeout": 5, "header_timeout": 5, "write_timeout": 3}
+    with LocalServer(api_key=KEY, **{**quick, **(settings or {})}) as server:
+        for scenario in [s for s in SCENARIOS if only is None or s.__name__ in only]:
             outcome = Outcome(scenario.__name__)
             with Watch(server, outcome):
                 scenario(server, outcome, full)
@@ -283,8 +379,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the soak's sizes (minutes); default: the quick form")
     parser.add_argument("--out", type=Path, help="write the outcomes as JSON here")
+    parser.add_argument("--only", nargs="+", choices=[s.__name__ for s in SCENARIOS], help="these scenarios alone")
+    parser.add_argument(
+        "--setting", nargs="+", default=[], metavar="NAME=VALUE", help="server settings, e.g. write_timeout=100000"
+    )
     args = parser.parse_args()
-    outcomes, alive, _ = run_hostile(args.full)
+    settings = dict(item.split("=", 1) for item in args.setting)
+    outcomes, alive, _ = run_hostile(args.full, args.only, settings)
     summaries = [outcome.summary() for outcome in outcomes]
     for summary in summaries:
         print(json.dumps(summary))

@@ -1,5 +1,6 @@
 """Quick form of the hostile-client suite (the full one is `make soak`): amplification bodies, wrong-key 60 MB
-bodies, slowloris, a huge job with small callers, NaN/inf floods and disconnect storms against one real server.
+bodies, slowloris, a huge job with small callers, NaN/inf floods, disconnect storms, endless headers, leftover
+bodies and answers nobody reads against one real server.
 No 5xx, the process never restarts, memory stays under the CPU overlay's limit; latencies are recorded, not
 asserted (docs/reliability.md has them)."""
 
@@ -12,6 +13,9 @@ EXPECTED = {  # what each scenario's answers must be, and nothing else
     "huge_job_and_small_callers": {"200"},
     "nan_flood": {"422"},
     "disconnect_storm": {"hung up", "200"},
+    "endless_headers": {"431", "408"},  # 408: a caller whose deadline came before its next byte
+    "leftover_bodies": {"closed"},
+    "unread_answers": {"dropped"},
 }
 
 
@@ -28,4 +32,7 @@ def test_hostile_clients_get_4xx_never_5xx_and_the_service_survives_within_its_m
     assert by_name["wrong_key_bodies"].statuses["401"] == 8
     assert by_name["slowloris"].statuses["408"] >= 25, "a header sender was not cut off by SETPO_HEADER_TIMEOUT"
     assert by_name["huge_job_and_small_callers"].small_callers_ms, "no small caller ran while the big job did"
+    endless = by_name["endless_headers"]
+    assert endless.statuses["431"] > 0 and endless.rss_peak_mb - endless.rss_before_mb < 64
+    assert by_name["unread_answers"].rss_after_mb - by_name["unread_answers"].rss_before_mb < 64
     assert "Traceback" not in log

@@ -150,4 +150,3 @@ def test_an_error_of_the_contract_is_a_setpo_api_error_with_the_servers_message(
     with pytest.raises(SetpoAPIError) as error:
         inprocess.diversity([{"texts": ANSWERS}], min_reward=1.0)
     assert error.value.status == 422 and "rewards" in str(error.value)
-

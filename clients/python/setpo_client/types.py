@@ -21,6 +21,9 @@ NEWER_SERVER_FIELDS = {
         "max_concurrent_requests",
         "receive_timeout",
         "header_timeout",
+        "max_header_bytes",
+        "write_timeout",
+        "max_response_bytes",
     },
     "Info": {"threads", "truncate_chars", "contract"},
 }
@@ -139,6 +142,9 @@ class Limits(_Response):
     max_concurrent_requests: int | None = None
     receive_timeout: float | None = None
     header_timeout: float | None = None
+    max_header_bytes: int | None = None
+    write_timeout: float | None = None
+    max_response_bytes: int | None = None
 
 
 class Info(_Response):

@@ -15,6 +15,8 @@ uvicorn bounds none of these itself (docs/reliability.md has each probe and its 
 """
 
 import asyncio
+import socket
+import struct
 import time
 
 import httptools
@@ -122,6 +124,9 @@ class BoundedProtocol(HttpToolsProtocol):
     def answer_not_taken(self) -> None:
         self.write_deadline = None
         metrics.CONNECTIONS_WRITE_TIMED_OUT.inc()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset, not a close: the kernel would otherwise keep the unsent rest for minutes
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()  # drops the unsent answer now (close() would keep it until sent)
         if MALLOC_TRIM is not None:
             MALLOC_TRIM(0)  # the answer's pages go back to the OS, not to a heap that keeps them

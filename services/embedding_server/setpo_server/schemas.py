@@ -198,6 +198,9 @@ class Limits(BaseModel):
     max_concurrent_requests: int
     receive_timeout: float
     header_timeout: float
+    max_header_bytes: int
+    write_timeout: float
+    max_response_bytes: int
 
 
 class Info(BaseModel):
