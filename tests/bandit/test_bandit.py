@@ -75,7 +75,18 @@ def test_bad_flags_fail_clearly(flags, capsys):
 
 
 def test_the_scoped_form_with_keys_and_the_controller_keeps_rewarded_modes_alive(server, tmp_path):
-    flags = ["--min-reward", "1", "--kernel", "key", "--normalize", "zscore", "--target-ratio", "0.3", "--weight", "0.3"]
+    flags = [
+        "--min-reward",
+        "1",
+        "--kernel",
+        "key",
+        "--normalize",
+        "zscore",
+        "--target-ratio",
+        "0.3",
+        "--weight",
+        "0.3",
+    ]
     bandit.main(["--url", server.url, "--out", str(tmp_path), "--seeds", "0", "1", "2", *flags])
     summary = json.loads((tmp_path / "results.json").read_text())
     args = bandit.parse_args(["--url", "x", "--out", "x"])
