@@ -1,9 +1,13 @@
 """Demo: six sampled solutions to one math problem, three of them the same approach.
 
-Starts setpo-server on the embedded model, asks it for the group's leave-one-out marginals and shaped
-advantages (lambda = 0.05, the paper's GRPO setting), prints them, and stops the server. The three
+Asks the setpo service at $SETPO_URL (or, when that is unset, a setpo-server it starts on the embedded model and
+stops afterwards) for the group's leave-one-out marginals and shaped advantages (lambda = 0.05, the paper's GRPO
+setting), and prints them. The three
 copies of the common approach share the credit and get the least; the rare approaches get the most.
 """
+
+import os
+from contextlib import nullcontext
 
 from setpo_client import SetpoClient
 from setpo_server.local import LocalServer
@@ -40,8 +44,13 @@ SOLUTIONS = [  # (approach, text, reward)
 
 
 def main() -> None:
-    print(f"Problem: {PROBLEM}\n\nStarting setpo-server on the embedded all-MiniLM-L6-v2 ...")
-    with LocalServer() as server, SetpoClient(server.url) as setpo:
+    print(f"Problem: {PROBLEM}\n")
+    url = os.environ.get("SETPO_URL")
+    if url:
+        print(f"Using the setpo service at {url} (SETPO_URL)")
+    else:
+        print("SETPO_URL is not set: starting setpo-server on the embedded all-MiniLM-L6-v2 ...")
+    with LocalServer() if not url else nullcontext() as server, SetpoClient(url or server.url) as setpo:
         result = setpo.diversity(
             [{"texts": [text for _, text, _ in SOLUTIONS], "rewards": [r for _, _, r in SOLUTIONS]}], weight=0.05
         )

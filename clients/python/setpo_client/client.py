@@ -118,7 +118,7 @@ class _ClientConfig:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None,
         api_key: str | None,
         timeout: float | httpx.Timeout,
         max_retries: int,
@@ -126,7 +126,7 @@ class _ClientConfig:
         max_backoff: float,
         max_response_bytes: int,
     ):
-        self.base_url = base_url.rstrip("/")
+        self.base_url = (base_url or os.environ.get("SETPO_URL") or DEFAULT_URL).rstrip("/")
         api_key = api_key if api_key is not None else os.environ.get("SETPO_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
@@ -175,12 +175,13 @@ class _ClientConfig:
 class SetpoClient(_ClientConfig):
     """Blocking client. `SetpoClient(url, api_key=..., timeout=...)`; use as a context manager or call close().
 
-    api_key defaults to the SETPO_API_KEY environment variable.
+    url defaults to the SETPO_URL environment variable (else http://127.0.0.1:8000), api_key to SETPO_API_KEY, as in
+    every plug-in and the docs.
     """
 
     def __init__(
         self,
-        base_url: str = DEFAULT_URL,
+        base_url: str | None = None,
         *,
         api_key: str | None = None,
         timeout: float | httpx.Timeout = 60.0,
@@ -292,7 +293,7 @@ class AsyncSetpoClient(_ClientConfig):
 
     def __init__(
         self,
-        base_url: str = DEFAULT_URL,
+        base_url: str | None = None,
         *,
         api_key: str | None = None,
         timeout: float | httpx.Timeout = 60.0,

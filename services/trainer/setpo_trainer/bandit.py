@@ -7,7 +7,7 @@ advantages, add lambda * s_i from the RUNNING setpo service (lambda = 0 is plain
 gradient step on the mean of A^_i * grad log pi(a_i). Reads top to bottom, CleanRL-style.
 
     setpo-bandit --serve --out out/bandit            # starts its own service, both methods, 3 seeds
-    setpo-bandit --url http://127.0.0.1:8000 --out out/bandit --seeds 0 1 2 3 4
+    setpo-bandit --url http://127.0.0.1:8000 --out out/bandit --seeds 0 1 2 3 4   # or SETPO_URL=...
     setpo-bandit --serve --out out/bandit-scoped --min-reward 1 --kernel key --normalize zscore --target-ratio 0.3
 
 The diversity policy of contract v1.1 is a flag away: --min-reward scores only rewarded responses, --kernel key or
@@ -18,6 +18,7 @@ hybrid compares them by their solution key (here: the mode a response was sample
 import argparse
 import json
 import logging
+import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from statistics import median
@@ -38,8 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="setpo-bandit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running setpo service")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--url",
+        default=os.environ.get("SETPO_URL"),
+        help="a running setpo service (default: $SETPO_URL; with neither, one is started for the run)",
+    )
     where.add_argument(
         "--serve", action="store_true", help="start a setpo service for the run (needs setpo-server installed)"
     )
@@ -200,11 +205,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     service: AbstractContextManager[Any] = nullcontext()
-    if args.serve:
+    if args.serve or not args.url:
         from setpo_server.local import LocalServer  # the service's package, needed only to start one
 
-        print("starting setpo-server on the embedded model ...", flush=True)
+        reason = "--serve" if args.serve else "no --url or SETPO_URL given"
+        print(f"starting setpo-server on the embedded model ({reason}) ...", flush=True)
         service = LocalServer()
+        args.url = None
+    else:
+        print(f"using the setpo service at {args.url}", flush=True)
     with service as running, SetpoClient(args.url or running.url, api_key=args.api_key, timeout=args.timeout) as client:
         client.wait_until_ready(timeout=180)
         results = run_all(args, client)
