@@ -1,6 +1,7 @@
 """`setpo-server`: run the service with uvicorn. Every setting is a flag (`--help`) and a SETPO_* variable."""
 
 import logging
+import logging.config
 import os
 import resource
 import sys
@@ -8,6 +9,7 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
+from setpo_server.logs import log_config, no_progress_bars
 from setpo_server.settings import Settings
 
 
@@ -24,7 +26,8 @@ def main() -> None:
     except ValidationError as exc:
         problems = "; ".join(f"SETPO_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         sys.exit(f"setpo-server: bad setting: {problems}")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    no_progress_bars()  # before transformers is imported: it reads the setting then
+    logging.config.dictConfig(log_config(settings.log_level, settings.log_format))
     # A misspelt setting would otherwise be ignored without a word. Clients share the prefix (SETPO_URL), so warn.
     unknown = sorted(
         name for name in os.environ if name.startswith("SETPO_") and name[6:].lower() not in Settings.model_fields
@@ -48,10 +51,10 @@ def main() -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=log_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=30,
         http=BoundedProtocol,
     )
-    logging.getLogger("uvicorn.access").addFilter(without_query)  # after Config, which sets up uvicorn's loggers
     server = uvicorn.Server(config)
     app.state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below
     server.run()
@@ -67,13 +70,6 @@ def max_connections(setting: int | str) -> int:
         return int(setting)
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, soft - 64) if soft != resource.RLIM_INFINITY else 65536
-
-
-def without_query(record: logging.LogRecord) -> bool:
-    """uvicorn's access line without the query string: a key or token a caller put there must not reach a log."""
-    if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
-        record.args = (*record.args[:2], record.args[2].split("?", 1)[0], *record.args[3:])
-    return True
 
 
 if __name__ == "__main__":

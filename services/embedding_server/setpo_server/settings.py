@@ -95,7 +95,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     """Port to bind."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    """Log level of the service and uvicorn."""
+    """Log level of the service and uvicorn; /health, /ready and /metrics requests are logged at debug only."""
+    log_format: Literal["text", "json"] = "text"
+    """text: 'time LEVEL logger: message'; json: one object a line (time, level, logger, message)."""
 
     @field_validator("shape")
     @classmethod

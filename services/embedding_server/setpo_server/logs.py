@@ -1,0 +1,63 @@
+"""The service's log, for a person and for a log shipper: one format for its own lines and uvicorn's (text, or one
+JSON object a line with SETPO_LOG_FORMAT=json), probes (/health, /ready, /metrics) at DEBUG, since a Kubernetes
+probe every few seconds would drown everything else at INFO, no query strings (a key a caller put there must not
+reach a log), and no progress bars.
+"""
+
+import json
+import logging
+import os
+from typing import Any
+
+TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+PROBES = frozenset({"/health", "/ready", "/metrics"})
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def access_line(record: logging.LogRecord) -> bool:
+    """uvicorn's access record (client, method, path, version, status), its path cut before the query string;
+    a probe's line only at DEBUG."""
+    if not (isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str)):
+        return True
+    path = record.args[2].split("?", 1)[0]
+    record.args = (*record.args[:2], path, *record.args[3:])
+    return path not in PROBES or logging.getLogger("uvicorn.access").isEnabledFor(logging.DEBUG)
+
+
+def log_config(level: str, fmt: str) -> dict[str, Any]:
+    """For uvicorn.Config(log_config=...): the root logger (the service, sentence-transformers) and uvicorn's share
+    one handler and one format."""
+    formatter = {"()": JsonFormatter} if fmt == "json" else {"format": TEXT}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"setpo": formatter},
+        "filters": {"access": {"()": lambda: access_line}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "setpo", "stream": "ext://sys.stderr"}},
+        "root": {"handlers": ["stderr"], "level": level.upper()},
+        "loggers": {
+            "uvicorn": {"handlers": [], "level": level.upper(), "propagate": True},
+            "uvicorn.error": {"handlers": [], "level": level.upper(), "propagate": True},
+            "uvicorn.access": {"handlers": [], "level": level.upper(), "propagate": True, "filters": ["access"]},
+        },
+    }
+
+
+def no_progress_bars() -> None:
+    """Loading a model draws progress bars (transformers, the hub, tqdm): a server's log is not a terminal."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
