@@ -94,9 +94,9 @@ EMBEDDING_CASES = [
 
 
 @pytest.mark.parametrize("what,body,param,words", EMBEDDING_CASES, ids=[case[0] for case in EMBEDDING_CASES])
-def test_bad_embeddings_request_is_a_clear_422(server, what, body, param, words):
+def test_bad_embeddings_request_is_a_clear_400_as_openai_answers(server, what, body, param, words):
     response = post(server, "/v1/embeddings", body)
-    assert response.status_code == 422, response.text
+    assert response.status_code == 400, response.text
     assert words in response.json()["error"]["message"]
     assert response.json()["error"]["param"] == param
 

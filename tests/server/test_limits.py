@@ -37,7 +37,7 @@ def error_of(response: httpx.Response) -> dict:
 
 def test_duplicate_inputs_count_against_the_embeddings_limit(limited):
     response = httpx.post(limited.url + "/v1/embeddings", json={"input": ["a"] * 17}, headers=AUTH)
-    assert response.status_code == 422 and "SETPO_MAX_EMBEDDING_INPUTS=16" in error_of(response)["message"]
+    assert response.status_code == 400 and "SETPO_MAX_EMBEDDING_INPUTS=16" in error_of(response)["message"]
     assert error_of(response)["param"] == "input"
     assert httpx.post(limited.url + "/v1/embeddings", json={"input": ["a"] * 16}, headers=AUTH).status_code == 200
 

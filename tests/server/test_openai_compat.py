@@ -34,3 +34,26 @@ def test_embeddings_create_with_its_default_base64_equals_in_process_encode(open
     assert torch.allclose(vectors, local, atol=1e-5)
     floats = openai_client.embeddings.create(model=model, input=TEXTS, encoding_format="float")
     assert torch.allclose(torch.tensor([item.embedding for item in floats.data]), vectors, atol=1e-6)
+
+
+def test_a_bad_embeddings_request_is_openais_400_with_its_error_object(openai_client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.embeddings.create(model="all-MiniLM-L6-v2", input=[])
+    error = caught.value.body
+    assert {"message", "type", "param", "code"} <= set(error) and error["type"] == "invalid_request_error"
+    assert error["param"] == "input" and "empty list" in error["message"]
+
+
+def test_served_model_names_are_what_the_server_answers_to():
+    from setpo_server.local import LocalServer
+
+    with (
+        LocalServer(served_model_name="text-embedding-3-small,minilm") as named,  # as SETPO_SERVED_MODEL_NAME
+        openai.OpenAI(base_url=named.url + "/v1", api_key="unused", max_retries=0) as client,
+    ):
+        assert [m.id for m in client.models.list().data] == ["text-embedding-3-small", "minilm"]
+        assert client.models.retrieve("minilm").id == "minilm"
+        served = client.embeddings.create(model="minilm", input=TEXTS)
+        assert served.model == "text-embedding-3-small" and len(served.data) == 3  # the first name answers
+        with pytest.raises(openai.BadRequestError, match="'text-embedding-3-small' / 'minilm', not 'gpt-4o'"):
+            client.embeddings.create(model="gpt-4o", input=TEXTS)

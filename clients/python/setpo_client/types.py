@@ -169,6 +169,7 @@ class ErrorDetail(_Response):
     message: str
     type: str
     param: str | None = None
+    code: str | None = None
 
 
 class ErrorResponse(_Response):

@@ -42,10 +42,16 @@ def echoed(value: str, limit: int = 100) -> str:
     return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
 
 
-def error_response(error: ApiError) -> JSONResponse:
+# Routes that follow OpenAI's API answer a bad request 400, as OpenAI does; the diversity contract keeps 422.
+OPENAI_ROUTES = frozenset({"/v1/embeddings"})
+
+
+def error_response(error: ApiError, request: Request | None = None) -> JSONResponse:
     message = error.message if len(error.message) <= MAX_MESSAGE_CHARS else error.message[:MAX_MESSAGE_CHARS] + "..."
     body = ErrorResponse(error=ErrorDetail(message=message, type=error.type, param=error.param))
-    return JSONResponse(body.model_dump(), status_code=error.status, headers=error.headers)
+    openai_route = request is not None and request.url.path in OPENAI_ROUTES
+    status = 400 if error.status == 422 and openai_route else error.status
+    return JSONResponse(body.model_dump(), status_code=status, headers=error.headers)
 
 
 def field_path(loc: tuple) -> str:
@@ -73,7 +79,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         messages.append(f"{field_path(err['loc'])}: {msg}")
     more = len(exc.errors()) - len(messages)
     message = "; ".join(messages) + (f" (and {more} more errors)" if more > 0 else "")
-    return error_response(ApiError(422, message, "invalid_request_error", field_path(first["loc"])))
+    return error_response(ApiError(422, message, "invalid_request_error", field_path(first["loc"])), request)
 
 
 def body_too_large(limit: int) -> ApiError:
@@ -96,7 +102,7 @@ def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, lambda request, exc: error_response(exc))
+    app.add_exception_handler(ApiError, lambda request, exc: error_response(exc, request))
     # Starlette types a handler as taking any Exception; each of these is registered for its own class only
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]

@@ -220,24 +220,34 @@ async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> I
 
 
 @router.get("/v1/models", dependencies=[Depends(require_key)], responses=ERRORS)
-async def models(batcher: Batcher = Depends(ready_batcher)) -> ModelList:
-    """OpenAI's model list: the one model this server embeds with."""
-    return ModelList(data=[served_model(batcher)])
+async def models(request: Request, batcher: Batcher = Depends(ready_batcher)) -> ModelList:
+    """OpenAI's model list: the model this server embeds with, under each name it answers to."""
+    return ModelList(data=[served_model(name, batcher) for name in served_names(request, batcher)])
 
 
 @router.get(
     "/v1/models/{model:path}", dependencies=[Depends(require_key)], responses={**ERRORS, 404: {"model": ErrorResponse}}
 )
-async def model(model: str, batcher: Batcher = Depends(ready_batcher)) -> Model:
-    """OpenAI's model retrieval; the served model by its name or by the path or hub id it was loaded from."""
-    if model not in (batcher.backend.name, batcher.backend.model_path):
-        message = f"this server serves model {batcher.backend.name!r}, not {echoed(model)}"
-        raise ApiError(404, message, "not_found", "model")
-    return served_model(batcher)
+async def model(model: str, request: Request, batcher: Batcher = Depends(ready_batcher)) -> Model:
+    """OpenAI's model retrieval; the served model by a name it answers to or by the path or hub id it was loaded from."""
+    check_model_name(model, request, batcher, 404, "not_found")
+    return served_model(model if model != batcher.backend.model_path else served_names(request, batcher)[0], batcher)
 
 
-def served_model(batcher: Batcher) -> Model:
-    return Model(id=batcher.backend.name, created=batcher.backend.created, owned_by="setpo")
+def served_names(request: Request, batcher: Batcher) -> list[str]:
+    """SETPO_SERVED_MODEL_NAME (as vLLM's --served-model-name), else the model's own name; the first names answers."""
+    return request.app.state.settings.served_model_name or [batcher.backend.name]
+
+
+def check_model_name(name: str, request: Request, batcher: Batcher, status: int, kind: str) -> None:
+    names = served_names(request, batcher)
+    if name not in (*names, batcher.backend.model_path):
+        message = f"this server serves model {' / '.join(map(repr, names))}, not {echoed(name)}"
+        raise ApiError(status, message, kind, "model")
+
+
+def served_model(name: str, batcher: Batcher) -> Model:
+    return Model(id=name, created=batcher.backend.created, owned_by="setpo")
 
 
 def request_body(model: type[BaseModel]) -> dict:
@@ -297,7 +307,7 @@ async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher))
     weight = settings.weight if body.weight is None else body.weight
     results, usage = await until_done_or_gone(request, score_request(body, batcher, weight, settings.shape), "groups")
     response = DiversityResponse(
-        model=batcher.backend.name, groups=results, usage=usage, weight=None if body.is_v1 else weight
+        model=served_names(request, batcher)[0], groups=results, usage=usage, weight=None if body.is_v1 else weight
     )
     # serialised in a worker thread: thousands of groups must not hold the event loop
     return Response(await run_in_threadpool(response.model_dump_json, exclude_none=True), media_type="application/json")
@@ -315,9 +325,8 @@ async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)
     settings: Settings = request.app.state.settings
     body = await read_body(request, EmbeddingsRequest)
     backend = batcher.backend
-    if body.model is not None and body.model not in (backend.name, backend.model_path):
-        message = f"this server serves model {backend.name!r}, not {echoed(body.model)}"
-        raise ApiError(422, message, "invalid_request_error", "model")
+    if body.model is not None:
+        check_model_name(body.model, request, batcher, 422, "invalid_request_error")
     if body.dimensions is not None and body.dimensions > backend.dimension:
         message = f"dimensions={body.dimensions} is more than the model's {backend.dimension}"
         raise ApiError(422, message, "invalid_request_error", "dimensions")
@@ -344,7 +353,7 @@ async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)
         tokens = sum(embedded.tokens)
         return EmbeddingsResponse(
             data=[Embedding(index=i, embedding=vector) for i, vector in enumerate(vectors)],
-            model=backend.name,
+            model=served_names(request, batcher)[0],
             usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens, truncated=sum(embedded.truncated)),
         ).model_dump_json(exclude_none=True)
 

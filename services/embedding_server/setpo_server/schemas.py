@@ -225,6 +225,7 @@ class ErrorDetail(BaseModel):
     message: str = Field(description="What is wrong and, where it helps, what to do.")
     type: str
     param: str | None = Field(None, description="The field or group at fault, e.g. groups[2].rewards.")
+    code: str | None = Field(None, description="OpenAI's error code field; always null here.")
 
 
 class ErrorResponse(BaseModel):

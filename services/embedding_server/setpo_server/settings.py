@@ -6,7 +6,7 @@ Each field's docstring is its `--help` text (pydantic-settings' CLI, which also 
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, CliSuppress, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliSuppress, NoDecode, SettingsConfigDict
 
 from setpo_core.diversity import SHAPES
 
@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     # Model
     model: str = ""
     """Any sentence-transformers model path or hub id; empty = the embedded all-MiniLM-L6-v2 (offline). The paper's: Qwen/Qwen3-Embedding-0.6B."""
+    served_model_name: Annotated[list[str], NoDecode] = []
+    """Names the server answers to as the model (repeat the flag, or comma-separate); the first names answers. Default: the model's own name."""
     device: str = "auto"
     """auto = cuda when present, else cpu; or any torch device string (cuda:1)."""
     # On a CPU with AMX (lscpu: amx_bf16) bfloat16 serves 2.2-3x faster, with LOO marginals within 5e-4 of float32
@@ -98,6 +100,11 @@ class Settings(BaseSettings):
     """Log level of the service and uvicorn; /health, /ready and /metrics requests are logged at debug only."""
     log_format: Literal["text", "json"] = "text"
     """text: 'time LEVEL logger: message'; json: one object a line (time, level, logger, message)."""
+
+    @field_validator("served_model_name", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        return [name.strip() for name in value.split(",") if name.strip()] if isinstance(value, str) else value
 
     @field_validator("shape")
     @classmethod
