@@ -1,23 +1,28 @@
-"""The whole experiment, stage by stage: data, pretraining, the lambda sweep on validation, GRPO and SetPO+GRPO
-for every seed, setpo-eval on the test split, then tables and plots. Each stage writes its results under --out and
-is skipped when they are already there, so an interrupted run resumes (make experiment starts from scratch).
+"""Experiment v2: which form of SetPO keeps distinct correct solutions alive? Stage by stage: the puzzles, the base
+model, every arm and weight on the validation split (two seeds), the best scoped form with the weight controller,
+then GRPO, SetPO as published, the best scoped form and the unlikeliness reward on the test split (five seeds
+each), and the report. Every run's results are written under --out and a run already there is skipped, so an
+interrupted experiment resumes where it stopped (make experiment starts from scratch).
 
-    python -m experiments.countdown_lm --out out/countdown_lm [--quick] [--setpo-url URL] [--figures docs/figures]
+    python -m experiments.countdown_lm --out out/countdown_lm [--quick] [--jobs 2] [--setpo-url URL] [--figures docs/figures]
 """
 
 import argparse
 import json
-import logging
+import os
 import signal
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
-from experiments.countdown_lm import corpus, puzzles, report
-from experiments.countdown_lm.embedder_view import embedder_view
+from experiments.countdown_lm import arms, corpus, job, puzzles, report
+from experiments.countdown_lm.arms import Config
 from experiments.countdown_lm.plan import FULL, QUICK, Plan
 
 
@@ -25,132 +30,112 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out/countdown_lm"))
     parser.add_argument("--quick", action="store_true", help="a few steps of every stage, one seed (make test)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each a process with one torch thread")
     parser.add_argument("--setpo-url", help="a running setpo service (default: start one on 127.0.0.1 for the run)")
     parser.add_argument("--figures", type=Path, help="also copy the plots here (make experiment: docs/figures)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads here and in the service it starts "
-        "(1: on a shared 2-core machine a second thread mostly spins)",
-    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the service this run started is stopped
     plan = QUICK if args.quick else FULL
-    torch.set_num_threads(args.threads)
-    for noisy in ("httpx", "setpo_eval"):  # one line per HTTP request or evaluation; the progress bars say enough
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    torch.set_num_threads(1)  # on a shared 2-core machine a second thread mostly spins
     started = time.perf_counter()
-    timings: dict[str, float] = {}
 
-    def stage(name: str):
+    def stage(name: str) -> None:
         print(f"\n== {name} ({(time.perf_counter() - started) / 60:.1f} min in)", flush=True)
-        return time.perf_counter()
 
-    data = args.out / "data"
-    t = stage("data: puzzles and splits")
+    stage("data: puzzles and splits")
     split = puzzles.splits(plan.data_seed, plan.validation_puzzles, plan.test_puzzles)
-    paths = {name: puzzles.write_jsonl(rows, data / f"{name}.jsonl") for name, rows in split.items()}
-    timings["data"] = time.perf_counter() - t
+    for name, rows in split.items():
+        puzzles.write_jsonl(rows, args.out / "data" / f"{name}.jsonl")
 
-    base = args.out / "base"
-    t = stage("pretraining the base model")
-    if not (base / "pretrain.json").exists():
+    stage("pretraining the base model")
+    if not (args.out / "base" / "pretrain.json").exists():
         from experiments.countdown_lm.pretrain import pretrain
 
         pairs = corpus.corpus(split["train"], plan.per_puzzle, plan.data_seed)
-        info = pretrain(
-            pairs, base, plan.model_size, plan.pretrain_epochs, plan.pretrain_batch, plan.pretrain_lr, plan.data_seed
-        )
-        print(
-            f"{info['parameters'] / 1e6:.2f} M parameters, {info['steps']} steps, final loss {info['final_loss']:.3f}"
-        )
-    timings["pretrain"] = time.perf_counter() - t
+        base, size = args.out / "base", plan.model_size
+        info = pretrain(pairs, base, size, plan.pretrain_epochs, plan.pretrain_batch, plan.pretrain_lr, plan.data_seed)
+        print(f"{info['parameters'] / 1e6:.2f} M parameters, {info['steps']} steps, loss {info['final_loss']:.3f}")
 
-    if args.setpo_url:
-        service = nullcontext()
-    else:
-        from setpo_server.local import LocalServer
-
-        service = LocalServer(threads=args.threads)
+    service = nullcontext() if args.setpo_url else local_service()
     with service as running:
         url = args.setpo_url or running.url
-        t = stage(f"lambda sweep on validation: {', '.join(map(str, plan.sweep_weights))}")
-        chosen = sweep(plan, base, split["train"], paths["validation"], args.out / "sweep", url)
-        timings["sweep"] = time.perf_counter() - t
+        stage("the base model on validation and test")
+        for name in ("validation", "test"):
+            evaluate_base(args.out, plan, name)
 
-        t = stage(
-            f"GRPO and SetPO+GRPO (lambda = {chosen}) for seeds {', '.join(map(str, plan.seeds))}, then setpo-eval on test"
-        )
-        runs = {"base": [evaluate_once(base, paths["test"], args.out / "eval" / "base", "base", plan, 0, url)]}
-        view = embedder_view(args.out / "eval" / "base" / "samples.jsonl", url)
-        for seed in plan.seeds:
-            for method, weight in (("grpo", 0.0), ("setpo", chosen)):
-                run_dir = args.out / "runs" / f"{method}-seed{seed}"
-                trained = train_once(base, run_dir, split["train"], url, weight, seed, plan.rl, f"{method} seed {seed}")
-                result = evaluate_once(
-                    run_dir / "model",
-                    paths["test"],
-                    args.out / "eval" / f"{method}-seed{seed}",
-                    method,
-                    plan,
-                    seed,
-                    url,
-                )
-                runs.setdefault(method, []).append({**result, "train": trained})
-        timings["rl_and_eval"] = time.perf_counter() - t
+        first = arms.phase_one(plan)
+        stage(f"validation, phase one: {len(first)} configs x seeds {plan.validation_seeds}")
+        run_all(args, plan, url, [(c, s, "validation") for c in first for s in plan.validation_seeds])
+        validation = report.validation_rows(args.out, first, plan.validation_seeds)
+        chosen = report.choose(validation)
+        best_scoped = chosen["best_scoped"]
 
-    t = stage("report")
-    timings["total"] = time.perf_counter() - started
-    results = report.write(args.out / "report", runs, chosen, timings, plan, view, figures=args.figures)
-    print(report.table(results))
-    print(f"\ndone in {timings['total'] / 60:.1f} min; wrote {args.out / 'report'}")
+        second = arms.phase_two(best_scoped, plan.target_ratios)
+        stage(f"validation, phase two: {best_scoped.name} with the weight controller, ratios {plan.target_ratios}")
+        run_all(args, plan, url, [(c, s, "validation") for c in second for s in plan.validation_seeds])
+        validation = report.validation_rows(args.out, first + second, plan.validation_seeds)
+        chosen = report.choose(validation)
+        finalists = [arms.GRPO, chosen["paper"], chosen["best_scoped_form"], chosen["unlikeliness"]]
+        (args.out / "choices.json").write_text(json.dumps(report.choices_record(chosen, validation), indent=1))
+        print("chosen on validation: " + ", ".join(c.name for c in finalists))
+
+        stage(f"test: {len(finalists)} arms x seeds {plan.test_seeds}")
+        run_all(args, plan, url, [(c, s, "test") for c in finalists for s in plan.test_seeds])
+
+    stage("report")
+    results = report.write(
+        args.out, plan, validation, chosen, finalists, time.perf_counter() - started, figures=args.figures
+    )
+    print(report.test_table(results))
+    print(f"\ndone in {(time.perf_counter() - started) / 60:.1f} min; wrote {args.out / 'report'}")
     return results
 
 
-def train_once(
-    base: Path, run_dir: Path, train: list[dict], url: str, weight: float, seed: int, settings, label: str
-) -> dict:
-    done = run_dir / "train_summary.json"
-    if done.exists():
-        return json.loads(done.read_text())
-    from experiments.countdown_lm.rl import train as rl_train
+def local_service():
+    from setpo_server.local import LocalServer
 
-    return rl_train(base, run_dir, train, url, weight, seed, settings, label)
+    return LocalServer(threads=1)
 
 
-def evaluate_once(model: Path, split: Path, out: Path, label: str, plan: Plan, seed: int, url: str | None) -> dict:
-    from experiments.countdown_lm.evaluate import correct_counts, evaluate
+def evaluate_base(out: Path, plan: Plan, split: str) -> None:
+    from experiments.countdown_lm.evaluate import evaluate
 
-    summary = (
-        json.loads((out / "summary.json").read_text())
-        if (out / "summary.json").exists()
-        else evaluate(model, split, out, label, plan.samples, plan.max_new_tokens, seed, url)
-    )
-    return {**summary, "counts": correct_counts(out)}
+    where = out / "eval" / f"base-{split}"
+    if not (where / "summary.json").exists():
+        evaluate(
+            out / "base", out / "data" / f"{split}.jsonl", where, "base", plan.samples, plan.max_new_tokens, 0, None
+        )
 
 
-def sweep(plan: Plan, base: Path, train: list[dict], validation: Path, out: Path, url: str) -> float:
-    """Short runs (seed 0) for each lambda, scored on validation by the mean of pass@k over k = 1..n: the
-    paper's claim is pass@k at large k without losing pass@1, so neither end alone decides. GRPO (lambda = 0)
-    runs too, for reference, but is not a candidate."""
-    scores = {}
-    for weight in plan.sweep_weights:
-        run_dir = out / f"lambda-{weight:g}"
-        train_once(base, run_dir, train, url, weight, 0, plan.sweep, f"sweep lambda={weight:g}")
-        result = evaluate_once(run_dir / "model", validation, run_dir / "eval", f"lambda={weight:g}", plan, 0, None)
-        scores[weight] = report.mean_pass_curve(result["counts"])
-    (out / "sweep.json").write_text(
-        json.dumps({"validation_mean_pass_at_k": {str(w): s for w, s in scores.items()}}, indent=1)
-    )
-    candidates = {w: s for w, s in scores.items() if w > 0}
-    chosen = max(candidates, key=lambda w: (candidates[w], -w))  # ties: the smaller lambda
-    print(
-        "validation mean pass@k: "
-        + ", ".join(f"lambda={w:g}: {s:.3f}" for w, s in scores.items())
-        + f" -> lambda = {chosen:g}"
-    )
-    return chosen
+def run_all(args: argparse.Namespace, plan: Plan, url: str, runs: list[tuple[Config, int, str]]) -> None:
+    """Every run not yet done: in this process one at a time (--jobs 1), else as --jobs processes with one thread
+    each, a progress bar over the runs and a line as each one ends (its log: the run's directory, log.txt)."""
+    todo = [run for run in runs if not job.is_done(args.out, *run)]
+    print(f"{len(runs) - len(todo)} of {len(runs)} runs already done", flush=True)
+    if args.jobs == 1:
+        for config, seed, split in todo:
+            job.run(args.out, plan, config, seed, split, url)
+        return
+
+    def in_a_process(run: tuple[Config, int, str]) -> str:
+        config, seed, split = run
+        where = job.run_dir(args.out, config, seed)
+        where.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "experiments.countdown_lm.job", "--out", str(args.out), "--seed", str(seed)]
+        command += ["--config", json.dumps(config.as_dict()), "--split", split, "--url", url]
+        command += ["--quick"] if args.quick else []
+        began = time.perf_counter()
+        with (where / "log.txt").open("a") as log:
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if finished.returncode:
+            raise RuntimeError(f"{config.name} seed {seed} failed ({finished.returncode}): see {where / 'log.txt'}")
+        return f"{config.name} seed {seed} {split}: {(time.perf_counter() - began) / 60:.1f} min"
+
+    with ThreadPoolExecutor(args.jobs) as pool, tqdm(total=len(todo), unit="run", desc="runs") as bar:
+        for finished in as_completed([pool.submit(in_a_process, run) for run in todo]):
+            bar.write(finished.result())
+            bar.update()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ The tokenizer splits on whitespace (the corpus writes every symbol as its own wo
 gives back exactly the text the model wrote, and the scorer and the embedder see what the model said.
 """
 
+import itertools
 import json
 import math
 import random
@@ -15,8 +16,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from experiments.countdown_lm.puzzles import MAX_VALUE
+
 SPECIAL = ["<pad>", "<unk>", "<eos>"]
-MAX_NUMBER = 999  # every integer a step can reach (9 * 9 * 9 = 729) and then some, as its own token
+MAX_NUMBER = MAX_VALUE  # every integer a step may write is its own token
 
 
 def build_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
@@ -69,13 +72,14 @@ def batches(pairs: list[tuple[str, str]], tokenizer, batch_size: int, rng: rando
 
 
 def pretrain(
-    pairs: list[tuple[str, str]], out: Path, size: dict, epochs: int, batch_size: int, lr: float, seed: int
+    pairs: list[tuple[str, str]], out: Path, size: dict, epochs: float, batch_size: int, lr: float, seed: int
 ) -> dict:
-    """Trains the base model on (prompt, response) pairs and saves it with its tokenizer to `out`."""
+    """Trains the base model on (prompt, response) pairs and saves it with its tokenizer to `out`. `epochs` may
+    be a fraction (the quick form trains a few steps on a corpus over every training puzzle)."""
     torch.manual_seed(seed)
     tokenizer = build_tokenizer([text for pair in pairs for text in pair])
     model = build_model(tokenizer, size, seed)
-    steps = epochs * (len(pairs) // batch_size)
+    steps = max(1, int(epochs * (len(pairs) // batch_size)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warmup, cosine decay
@@ -85,8 +89,8 @@ def pretrain(
     losses = []
     model.train()
     with tqdm(total=steps, desc="pretraining", unit="step") as bar:
-        for _ in range(epochs):
-            for ids, labels, mask in batches(pairs, tokenizer, batch_size, rng):
+        while len(losses) < steps:
+            for ids, labels, mask in itertools.islice(batches(pairs, tokenizer, batch_size, rng), steps - len(losses)):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

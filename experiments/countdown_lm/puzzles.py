@@ -1,93 +1,180 @@
-"""The task: 3 numbers from 1-9 and a target; write an expression that uses each number once with + - * /.
+"""The task: 3 numbers from 1-20 and a target in 10-99; write an expression that uses each number once with + - * /.
 
-Every puzzle is kept only if it has several distinct correct expressions (the experiment is about keeping
-more than one alive), counted the way setpo-eval counts them: the expression text without spaces. Splits are
-by puzzle: a puzzle (its numbers as a multiset, and its target) is in exactly one of train, validation, test.
+A puzzle is kept only if it has at least 3 correct solution *modes*: distinct solutions under ModeBench's
+identity, the normalised executed expression tree (`setpo_client.keys.countdown_expression`: "( 3 + 5 ) * 2" and
+"2 * ( 5 + 3 )" are one mode, "3 * 2 + 2" another). The experiment is about keeping more than one mode alive, so
+a puzzle with one mode cannot show it. Modes that only regroup one sum or product ("( 1 + 2 ) + 3" and
+"1 + ( 2 + 3 )") count as ModeBench counts them, but a puzzle must also have 3 solutions when those are merged
+(`family`), so that its diversity is not bracketing alone. Numbers up to 20 rather than 9 give enough such
+puzzles; four numbers would too, but a small model pretrained on a CPU barely solves them. Splits are by puzzle:
+a puzzle (its numbers as a multiset, and its target) is in exactly one of train, validation, test.
 """
 
+import ast
 import functools
 import itertools
 import json
 import random
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
+
+from setpo_client.keys import countdown_expression
 
 OPERATORS = "+-*/"
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+MAX_VALUE = 99  # every step gives 0..99: a small model learns that arithmetic, and each is one token
+COUNT, LARGEST = 3, 20  # three numbers from 1 to 20
+MIN_MODES = 3  # also the least number of families (modes with regroupings merged) a puzzle must have
+TARGETS = range(10, 100)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One written step, `left op right = result`; `form` says where its operands come from, for the wording:
+    "new" (two given numbers), "left"/"right" (the previous result, left or right of a given number)."""
+
+    left: int
+    op: str
+    right: int
+    result: int
+    form: str
 
 
 @dataclass(frozen=True)
 class Solution:
-    """One way to combine three numbers in two steps: `first` = x o1 y, then the final step with `last`."""
+    """One way to combine the numbers step by step, with its answer as written (tokens separated by spaces)."""
 
-    expression: str  # as written in the answer, tokens separated by spaces: "( 3 + 5 ) * 2"
-    steps: tuple[tuple[int, str, int, int], ...]  # (left, op, right, result) for each of the two steps
+    expression: str  # "( 3 + 5 ) * 2"
+    steps: tuple[Step, ...]
     value: int
-    first_on_left: bool  # (a o b) o c: the first step's result is the final step's left operand
+
+    @property
+    def mode(self) -> str:
+        return mode_of(self.expression)
+
+
+def mode_of(expression: str) -> str:
+    """ModeBench's solution identity of an answer, the same key SetPO's key kernel and the evaluation use."""
+    return countdown_expression(f"<answer> {expression} </answer>")
+
+
+def family(expression: str) -> str:
+    """The mode with regroupings of + and of * merged: "1 + ( 2 + 3 )" and "( 3 + 1 ) + 2" are one family."""
+    return _flat(ast.parse(expression, mode="eval").body)
+
+
+def _flat(node: ast.AST) -> str:
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    name = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}[type(node.op)]
+    if name in ("sub", "div"):
+        return f"{name}({_flat(node.left)},{_flat(node.right)})"
+    terms, stack = [], [node]
+    while stack:  # the operands of a run of the same commutative operator, in any grouping
+        n = stack.pop()
+        if isinstance(n, ast.BinOp) and type(n.op) is type(node.op):
+            stack += [n.left, n.right]
+        else:
+            terms.append(_flat(n))
+    return f"{name}({','.join(sorted(terms))})"
 
 
 def apply(left: int, op: str, right: int) -> int | None:
-    """The step's result when it is a non-negative integer (what the corpus writes), else None."""
-    value = {
-        "+": lambda: Fraction(left + right),
-        "-": lambda: Fraction(left - right),
-        "*": lambda: Fraction(left * right),
-        "/": lambda: Fraction(left, right) if right else None,
-    }[op]()
-    if value is None or value < 0 or value.denominator != 1:
+    """The step's result when it is a non-negative integer up to MAX_VALUE (what the corpus writes), else None."""
+    if op == "+":
+        value = left + right
+    elif op == "-":
+        value = left - right
+    elif op == "*":
+        value = left * right
+    elif right == 0 or left % right:
         return None
-    return int(value)
+    else:
+        value = left // right
+    return value if 0 <= value <= MAX_VALUE else None
 
 
-def render(left: str, op: str, right: str, left_op: str | None, right_op: str | None) -> str:
-    """left op right with only the parentheses precedence needs (so "3 * 5 + 2", but "( 3 + 5 ) * 2")."""
-    if left_op and PRECEDENCE[left_op] < PRECEDENCE[op]:
-        left = f"( {left} )"
-    if right_op and (PRECEDENCE[right_op] < PRECEDENCE[op] or (PRECEDENCE[right_op] == PRECEDENCE[op] and op in "-/")):
-        right = f"( {right} )"
-    return f"{left} {op} {right}"
+def render(left: tuple[str, str | None], op: str, right: tuple[str, str | None]) -> tuple[str, str]:
+    """(text, top operator) of left op right, parenthesised so that the text parses back to this very tree
+    (its mode is the tree's): "3 * 5 + 2", "( 3 + 5 ) * 2", "2 + ( 3 + 5 )"."""
+    (ltext, lop), (rtext, rop) = left, right
+    if lop and PRECEDENCE[lop] < PRECEDENCE[op]:
+        ltext = f"( {ltext} )"
+    if rop and PRECEDENCE[rop] <= PRECEDENCE[op]:
+        rtext = f"( {rtext} )"
+    return f"{ltext} {op} {rtext}", op
 
 
-@functools.cache  # the corpus asks for the same puzzle's solutions tens of times
-def solutions(numbers: tuple[int, int, int]) -> list[Solution]:
-    """Every two-step expression over the numbers whose intermediate results are non-negative integers."""
-    found = []
-    for a, b, c in set(itertools.permutations(numbers)):
-        for o1, o2 in itertools.product(OPERATORS, repeat=2):
-            x = apply(a, o1, b)  # (a o1 b) o2 c
-            y = apply(x, o2, c) if x is not None else None
-            if y is not None:
-                found.append(
-                    Solution(render(f"{a} {o1} {b}", o2, str(c), o1, None), ((a, o1, b, x), (x, o2, c, y)), y, True)
-                )
-            x = apply(b, o2, c)  # a o1 (b o2 c)
-            y = apply(a, o1, x) if x is not None else None
-            if y is not None:
-                found.append(
-                    Solution(render(str(a), o1, f"{b} {o2} {c}", None, o2), ((b, o2, c, x), (a, o1, x, y)), y, False)
-                )
+def leaf(n: int) -> tuple[str, None]:
+    return str(n), None
+
+
+def chains(order: tuple[int, ...], ops: tuple[str, ...]):
+    """(a o b) with c, then with d ...: the running result on the left or on the right of each next number."""
+    x = apply(order[0], ops[0], order[1])
+    if x is not None:
+        yield from grow(
+            render(leaf(order[0]), ops[0], leaf(order[1])),
+            (Step(order[0], ops[0], order[1], x, "new"),),
+            order[2:],
+            ops[1:],
+        )
+
+
+def grow(expression: tuple[str, str], steps: tuple[Step, ...], numbers: tuple[int, ...], ops: tuple[str, ...]):
+    """Every way to finish a chain: the next number joins the running result on either side."""
+    if not numbers:
+        yield Solution(expression[0], steps, steps[-1].result)
+        return
+    x, n, op = steps[-1].result, numbers[0], ops[0]
+    for on_left in (True, False):
+        y = apply(x, op, n) if on_left else apply(n, op, x)
+        if y is not None:
+            step = Step(x, op, n, y, "left") if on_left else Step(n, op, x, y, "right")
+            text = render(expression, op, leaf(n)) if on_left else render(leaf(n), op, expression)
+            yield from grow(text, (*steps, step), numbers[1:], ops[1:])
+
+
+@functools.cache  # the corpus asks for the same numbers' solutions many times
+def solutions(numbers: tuple[int, ...]) -> list[Solution]:
+    """Every expression over the numbers, built one step at a time, whose steps give integers in 0..MAX_VALUE."""
+    found = set()
+    for order in set(itertools.permutations(numbers)):
+        for ops in itertools.product(OPERATORS, repeat=len(numbers) - 1):
+            found.update(chains(order, ops))
     return sorted(found, key=lambda s: (s.expression, s.steps))
 
 
-def distinct(expressions) -> set[str]:
-    """setpo-eval's notion of distinct expressions: the text without whitespace."""
-    return {"".join(e.split()) for e in expressions}
+def modes(numbers: tuple[int, ...], target: int) -> dict[str, list[Solution]]:
+    """The puzzle's correct solutions grouped by mode (each mode: every spelling the corpus can write of it)."""
+    grouped: dict[str, list[Solution]] = {}
+    for s in solutions(numbers):
+        if s.value == target:
+            grouped.setdefault(s.mode, []).append(s)
+    return grouped
 
 
-def all_puzzles(seed: int, min_solutions: int = 4, targets: range = range(10, 100)) -> list[dict]:
-    """Every puzzle (3 numbers from 1-9 as a multiset, a target in `targets`) with at least `min_solutions`
-    distinct correct expressions, in a seeded random order, numbers shown in a seeded random order (~740)."""
-    rng = random.Random(seed)
-    puzzles = []
-    for numbers in itertools.combinations_with_replacement(range(1, 10), 3):
-        by_value: dict[int, list[str]] = {}
+@functools.cache  # the tests and the experiment ask more than once
+def catalogue(count: int, largest: int) -> tuple[tuple[tuple[int, ...], int, int], ...]:
+    """(numbers, target, modes) of every puzzle over `count` numbers from 1 to `largest` (a multiset) and a target
+    in TARGETS with at least MIN_MODES correct modes and as many families."""
+    found = []
+    for numbers in itertools.combinations_with_replacement(range(1, largest + 1), count):
+        by_target: dict[int, set[str]] = {}
         for s in solutions(numbers):
-            by_value.setdefault(s.value, []).append(s.expression)
-        for target in sorted(by_value):
-            count = len(distinct(by_value[target]))
-            if target in targets and count >= min_solutions:
-                puzzles.append({"numbers": rng.sample(numbers, 3), "target": target, "solutions": count})
+            if s.value in TARGETS:
+                by_target.setdefault(s.value, set()).add(s.expression)
+        for target, expressions in sorted(by_target.items()):
+            kinds = len({mode_of(e) for e in expressions})
+            if kinds >= MIN_MODES and len({family(e) for e in expressions}) >= MIN_MODES:
+                found.append((numbers, target, kinds))
+    return tuple(found)
+
+
+def all_puzzles(seed: int) -> list[dict]:
+    """The catalogue's puzzles in a seeded random order, each one's numbers shown in a seeded random order."""
+    rng = random.Random(seed)
+    puzzles = [{"numbers": rng.sample(n, len(n)), "target": t, "modes": m} for n, t, m in catalogue(COUNT, LARGEST)]
     rng.shuffle(puzzles)
     return puzzles
 

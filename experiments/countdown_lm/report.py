@@ -1,152 +1,322 @@
-"""Tables and plots over seeds: base, GRPO and SetPO+GRPO on the test split, mean ± std over seeds."""
+"""What the runs say, from their saved samples: the validation table (every config tried), the choices it makes,
+the test table (mean ± std over seeds, paired bootstrap 95 % intervals of each arm's difference to GRPO) and the
+plots. Nothing here is typed by hand: every figure comes from the samples.jsonl setpo-eval wrote.
+
+A solution is ModeBench's Countdown identity (setpo_client.keys.countdown_expression: the executed expression tree,
++ and * unordered), so `(3+5)*2` and `2*(5+3)` are one solution. Per puzzle: pass@k (unbiased, from n samples), the
+distinct correct solutions found, and PCMD (ModeBench: the chance that two correct samples are different solutions,
+defined where a puzzle has 2 or more correct samples).
+"""
 
 import json
+import random
 import shutil
+from collections import Counter
 from pathlib import Path
 from statistics import fmean, pstdev
 
+from experiments.countdown_lm import job
+from experiments.countdown_lm.arms import Config
+from setpo_client.keys import countdown_expression
 from setpo_trainer.eval.metrics import pass_at_k
+from setpo_trainer.packaged_data import read_jsonl
 
-EVAL_KEYS = ["distinct_correct_mean", "diversity_width", "average_mode", "mean_pairwise_similarity", "set_score"]
-TRAIN_KEYS = [
-    "reward_first",
-    "reward_last",
-    "seconds_per_step",
-    "setpo_time_share",
-    "saturation",
-    "set_score",
-    "marginal_std",
-]
+HEADLINE = ["pass@1", "pass@8", "pass@64", "solutions", "pcmd", "share_2", "share_3"]
+TRAIN = ["seconds_per_step", "setpo_time_share", "weight_mean", "weight_last", "bonus_ratio", "scored_share"]
+BOOTSTRAP = 2000
 
 
-def method_names(results: dict) -> dict[str, str]:
-    return {"base": "base", "grpo": "GRPO", "setpo": f"SetPO+GRPO (λ = {results['lambda']:g})"}
+def puzzles_of(samples: Path) -> list[dict]:
+    """Per puzzle (in file order): n samples, correct samples, and how many correct samples each solution has."""
+    by_id: dict[str, dict] = {}
+    for _, row in read_jsonl(samples):
+        entry = by_id.setdefault(row["problem_id"], {"n": 0, "correct": 0, "modes": Counter()})
+        entry["n"] += 1
+        if row["correct"]:
+            entry["correct"] += 1
+            entry["modes"][countdown_expression(row["response"])] += 1
+    return list(by_id.values())
 
 
-def pass_curve(counts: list[tuple[int, int]]) -> list[float]:
-    """Unbiased pass@k for k = 1..n, averaged over puzzles (counts: (n, correct) per puzzle)."""
-    n = counts[0][0]
-    return [fmean(pass_at_k(n, c, k) for _, c in counts) for k in range(1, n + 1)]
+def pcmd(modes: Counter) -> float | None:
+    """ModeBench's PCMD of one puzzle: 1 - sum n_m (n_m - 1) / (K (K - 1)) over its K correct samples; None if K < 2."""
+    total = sum(modes.values())
+    if total < 2:
+        return None
+    return 1 - sum(n * (n - 1) for n in modes.values()) / (total * (total - 1))
 
 
-def mean_pass_curve(counts: list[tuple[int, int]]) -> float:
-    return fmean(pass_curve(counts))
+def per_puzzle(entry: dict) -> dict:
+    """The puzzle-level values every headline metric averages."""
+    n, c, solutions = entry["n"], entry["correct"], len(entry["modes"])
+    return {
+        "pass@1": c / n,
+        "pass@8": pass_at_k(n, c, min(8, n)),
+        "pass@64": pass_at_k(n, c, min(64, n)),
+        "solutions": solutions,
+        "pcmd": pcmd(entry["modes"]),
+        "share_2": float(solutions >= 2),
+        "share_3": float(solutions >= 3),
+    }
 
 
-def run_metrics(result: dict) -> dict:
-    curve = pass_curve(result["counts"])
-    n = len(curve)
-    row = {f"pass@{k}": curve[k - 1] for k in sorted({1, 8, n})}
-    row[f"avg@{n}"] = result["accuracy"][f"avg@{n}"]
-    row.update({key: result["diversity"][key] for key in EVAL_KEYS if key in result["diversity"]})
-    train = result.get("train")
-    if train:
-        row.update({f"train_{key}": train[key] for key in TRAIN_KEYS if train.get(key) is not None})
-    return row
+def summarize(entries: list[dict]) -> dict:
+    """Headline metrics over puzzles, PCMD with its support (ModeBench: it is undefined below 2 correct samples,
+    and a mean over few defined puzzles says little), and the pass@k curve for k = 1..n."""
+    rows = [per_puzzle(e) for e in entries]
+    defined = [r["pcmd"] for r in rows if r["pcmd"] is not None]
+    n = entries[0]["n"]
+    summary = {key: fmean(r[key] for r in rows) for key in HEADLINE if key != "pcmd"}
+    summary["pcmd"] = fmean(defined) if defined else None
+    summary["pcmd_support"] = [len(defined), len(rows)]
+    summary["curve"] = [fmean(pass_at_k(n, e["correct"], k) for e in entries) for k in range(1, n + 1)]
+    return summary
 
 
-def spread(rows: list[dict]) -> dict:
-    """key -> [mean, std over seeds, per-seed values]."""
-    return {key: [fmean(r[key] for r in rows), pstdev(r[key] for r in rows), [r[key] for r in rows]] for key in rows[0]}
+def seeds_of(out: Path, config: Config, seeds: tuple[int, ...], split: str) -> list[dict]:
+    """One dict per seed: its eval summary (from the samples), its per-puzzle rows and its train summary."""
+    found = []
+    for seed in seeds:
+        where = job.run_dir(out, config, seed)
+        entries = puzzles_of(where / f"eval-{split}" / "samples.jsonl")
+        train = json.loads((where / "train_summary.json").read_text())
+        found.append({"seed": seed, **summarize(entries), "puzzles": [per_puzzle(e) for e in entries], "train": train})
+    return found
+
+
+def mean_std(values: list) -> list:
+    present = [v for v in values if v is not None]
+    return [fmean(present), pstdev(present)] if present else [None, None]
+
+
+def validation_rows(out: Path, configs: list[Config], seeds: tuple[int, ...]) -> list[dict]:
+    """Per config: mean and std over seeds of the headline metrics and of what its training logged."""
+    rows = []
+    for config in configs:
+        runs = seeds_of(out, config, seeds, "validation")
+        row = {"config": config, "metrics": {key: mean_std([r[key] for r in runs]) for key in HEADLINE}}
+        row["train"] = {key: mean_std([r["train"].get(key) for r in runs]) for key in TRAIN}
+        rows.append(row)
+    return rows
+
+
+def choose(rows: list[dict]) -> dict:
+    """The rule, fixed before any run: a config is eligible when its mean validation pass@1 is no lower than GRPO's
+    minus one seed standard deviation (pooled over every config's seeds); among an arm's eligible configs the one
+    with the most distinct correct solutions wins (ties: the higher pass@64). An arm with none eligible is
+    represented by its highest pass@1. The best scoped form is chosen the same way among the scoped arms' winners,
+    and then among it and its controller configs."""
+    grpo = next(r for r in rows if r["config"].arm == "grpo")
+    seed_std = fmean(r["metrics"]["pass@1"][1] ** 2 for r in rows) ** 0.5  # pooled: two seeds per config are few
+    floor = grpo["metrics"]["pass@1"][0] - seed_std
+
+    def eligible(row: dict) -> bool:
+        return row["metrics"]["pass@1"][0] >= floor
+
+    def best(candidates: list[dict]) -> dict:
+        good = [r for r in candidates if eligible(r)]
+        if good:
+            return max(good, key=lambda r: (r["metrics"]["solutions"][0], r["metrics"]["pass@64"][0]))
+        return max(candidates, key=lambda r: r["metrics"]["pass@1"][0])
+
+    by_arm: dict[str, list[dict]] = {}
+    for row in rows:
+        by_arm.setdefault(row["config"].arm, []).append(row)
+    winners = {arm: best(candidates) for arm, candidates in by_arm.items()}
+    scoped = best([w for arm, w in winners.items() if arm.startswith("scoped-")])
+    controlled = [w for arm, w in winners.items() if arm == f"controller-{scoped['config'].kernel}"]
+    return {
+        "floor": floor,
+        "seed_std": seed_std,
+        "winners": {arm: w["config"] for arm, w in winners.items()},
+        "eligible": {r["config"].name: eligible(r) for r in rows},
+        "paper": winners["paper"]["config"],
+        "unlikeliness": winners["unlikeliness"]["config"],
+        "best_scoped": scoped["config"],
+        "best_scoped_form": best([scoped, *controlled])["config"],
+    }
+
+
+def choices_record(chosen: dict, rows: list[dict]) -> dict:
+    return {
+        "rule": choose.__doc__,
+        "grpo_pass@1_floor": chosen["floor"],
+        "pooled_seed_std_pass@1": chosen["seed_std"],
+        "winners": {arm: config.name for arm, config in chosen["winners"].items()},
+        "paper": chosen["paper"].name,
+        "best_scoped": chosen["best_scoped"].name,
+        "best_scoped_form": chosen["best_scoped_form"].name,
+        "unlikeliness": chosen["unlikeliness"].name,
+        "validation": [
+            {"config": r["config"].as_dict(), **r["metrics"], **{f"train_{k}": v for k, v in r["train"].items()}}
+            for r in rows
+        ],
+    }
+
+
+def paired_interval(arm: list[dict], grpo: list[dict], key: str, rng: random.Random) -> list[float | None]:
+    """95 % bootstrap interval of mean(arm - GRPO) for `key`, resampling seeds (seed i of the arm paired with seed i
+    of GRPO: the same prompt order) and test puzzles (the same puzzles), both with replacement. PCMD differences are
+    taken over the puzzles where both runs define it."""
+    seeds, puzzles = range(len(arm)), range(len(arm[0]["puzzles"]))
+    differences = [
+        [
+            None
+            if arm[s]["puzzles"][p][key] is None or grpo[s]["puzzles"][p][key] is None
+            else arm[s]["puzzles"][p][key] - grpo[s]["puzzles"][p][key]
+            for p in puzzles
+        ]
+        for s in seeds
+    ]
+    means = []
+    for _ in range(BOOTSTRAP):
+        picked = [
+            differences[s][p] for s in rng.choices(seeds, k=len(seeds)) for p in rng.choices(puzzles, k=len(puzzles))
+        ]
+        present = [d for d in picked if d is not None]
+        if present:
+            means.append(fmean(present))
+    if not means:  # PCMD defined nowhere in both runs (a quick run's few correct samples)
+        return [None, None]
+    means.sort()
+    return [means[int(0.025 * len(means))], means[int(0.975 * len(means)) - 1]]
 
 
 def write(
     out: Path,
-    runs: dict[str, list[dict]],
-    chosen: float,
-    timings: dict,
     plan,
-    embedder_view: dict,
+    validation: list[dict],
+    chosen: dict,
+    finalists: list[Config],
+    seconds: float,
     figures: Path | None = None,
 ) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
+    """results.json, validation.md, test.md and the plots under out/report (copied to `figures` if given)."""
+    where = out / "report"
+    where.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    test = {config.name: seeds_of(out, config, plan.test_seeds, "test") for config in finalists}
+    grpo = test[finalists[0].name]
+    base = summarize(puzzles_of(out / "eval" / "base-test" / "samples.jsonl"))
+    arms_out = {}
+    for config in finalists:
+        runs = test[config.name]
+        arms_out[config.name] = {
+            "config": config.as_dict(),
+            "metrics": {key: mean_std([r[key] for r in runs]) for key in HEADLINE},
+            "per_seed": {key: [r[key] for r in runs] for key in HEADLINE},
+            "pcmd_support": [r["pcmd_support"] for r in runs],
+            "train": {key: mean_std([r["train"].get(key) for r in runs]) for key in TRAIN},
+            "versus_grpo": {}
+            if config.arm == "grpo"
+            else {key: paired_interval(runs, grpo, key, rng) for key in HEADLINE},
+            "curves": [r["curve"] for r in runs],
+        }
     results = {
-        "lambda": chosen,
-        "seeds": list(plan.seeds),
-        "timings_s": timings,
-        "embedder_view": embedder_view,
-        "methods": {method: spread([run_metrics(r) for r in results]) for method, results in runs.items()},
-        "curves": {method: [pass_curve(r["counts"]) for r in results] for method, results in runs.items()},
+        "seconds": seconds,
+        "test_seeds": list(plan.test_seeds),
+        "validation_seeds": list(plan.validation_seeds),
+        "base": {key: base[key] for key in [*HEADLINE, "pcmd_support", "curve"]},
+        "arms": arms_out,
+        "choices": choices_record(chosen, validation),
     }
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "table.md").write_text(table(results) + "\n")
-    for path in plot(results, out):
+    (where / "results.json").write_text(json.dumps(results, indent=1))
+    (where / "validation.md").write_text(validation_table(results) + "\n")
+    (where / "test.md").write_text(test_table(results) + "\n")
+    for path in plot(results, where):
         if figures:
             figures.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, figures / f"countdown_lm_{path.name}")
+            shutil.copy(path, figures / f"countdown_v2_{path.name}")
     return results
 
 
-def table(results: dict) -> str:
-    """Methods as columns, metrics as rows: mean ± std over seeds (the base model is one model, no spread)."""
-    methods = list(results["methods"])
-    keys = list(dict.fromkeys(key for m in methods for key in results["methods"][m]))
-    names = method_names(results)
-    lines = ["| metric | " + " | ".join(names.get(m, m) for m in methods) + " |", "|---|" + "---|" * len(methods)]
-    for key in keys:
-        cells = []
-        for m in methods:
-            if key not in results["methods"][m]:
-                cells.append("—")
-                continue
-            mean, std, values = results["methods"][m][key]
-            cells.append(f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f} ± {std:.3f}")
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+def cell(pair: list) -> str:
+    mean, std = pair
+    return "—" if mean is None else f"{mean:.3f} ± {std:.3f}"
+
+
+def validation_table(results: dict) -> str:
+    choices = results["choices"]
+    lines = [
+        "| config | eligible | pass@1 | pass@64 | solutions | PCMD | ≥3 solutions | λ (last) | bonus / advantage | s / step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in choices["validation"]:
+        name = row["config"]["name"]
+        mark = " **(chosen)**" if name in choices["winners"].values() else ""
+        eligible = "yes" if row["pass@1"][0] >= choices["grpo_pass@1_floor"] else "no"
+        lines.append(
+            f"| {name}{mark} | {eligible} | {cell(row['pass@1'])} | {cell(row['pass@64'])} | {cell(row['solutions'])} "
+            f"| {cell(row['pcmd'])} | {cell(row['share_3'])} | {cell(row['train_weight_last'])} "
+            f"| {cell(row['train_bonus_ratio'])} | {cell(row['train_seconds_per_step'])} |"
+        )
     return "\n".join(lines)
 
 
-def plot(results: dict, out: Path) -> list[Path]:
+def interval(pair: list) -> str:
+    return "—" if pair[0] is None else f"[{pair[0]:+.3f}, {pair[1]:+.3f}]"
+
+
+def test_table(results: dict) -> str:
+    names = list(results["arms"])
+    lines = ["| metric (test) | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for key in HEADLINE:
+        base = results["base"][key]
+        row = [cell(results["arms"][n]["metrics"][key]) for n in names]
+        lines.append(f"| {key} | {'—' if base is None else f'{base:.3f}'} | " + " | ".join(row) + " |")
+    for key in HEADLINE:
+        row = [
+            interval(results["arms"][n]["versus_grpo"][key]) if results["arms"][n]["versus_grpo"] else "" for n in names
+        ]
+        lines.append(f"| {key}: arm - GRPO, 95 % paired bootstrap | | " + " | ".join(row) + " |")
+    for key in TRAIN:
+        row = [cell(results["arms"][n]["train"][key]) for n in names]
+        lines.append(f"| train: {key} | | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, where: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"base": "grey", "grpo": "tab:blue", "setpo": "tab:orange"}
-    labels = method_names(results)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method, curves in results["curves"].items():
-        ks = range(1, len(curves[0]) + 1)
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ks = range(1, len(results["base"]["curve"]) + 1)
+    ax.plot(ks, results["base"]["curve"], color="black", ls="--", label="base")
+    for name, arm in results["arms"].items():
+        curves = arm["curves"]
         mean = [fmean(c[k - 1] for c in curves) for k in ks]
-        std = [pstdev(c[k - 1] for c in curves) for k in ks]
-        ax.plot(
-            ks,
-            mean,
-            color=colors.get(method),
-            label=f"{labels.get(method, method)} ({len(curves)} seed{'s' * (len(curves) > 1)})",
-        )
-        ax.fill_between(
-            ks,
-            [m - s for m, s in zip(mean, std)],
-            [m + s for m, s in zip(mean, std)],
-            color=colors.get(method),
-            alpha=0.2,
-        )
+        line = ax.plot(ks, mean, label=name)[0]
+        low = [min(c[k - 1] for c in curves) for k in ks]
+        high = [max(c[k - 1] for c in curves) for k in ks]
+        ax.fill_between(ks, low, high, color=line.get_color(), alpha=0.15)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
-    ax.set_ylabel("pass@k (test split)")
-    ax.legend()
+    ax.set_ylabel("pass@k (test; band: seed min-max)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    passk = out / "pass_at_k.png"
-    fig.savefig(passk, dpi=110)
+    paths.append(where / "pass_at_k.png")
+    fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    keys = [
-        k
-        for k in ("distinct_correct_mean", "diversity_width", "average_mode")
-        if all(k in v for v in results["methods"].values())
-    ]
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        for x, (method, metrics) in enumerate(results["methods"].items()):
-            mean, std, values = metrics[key]
-            ax.bar(x, mean, yerr=std if len(values) > 1 else None, color=colors.get(method), alpha=0.7, capsize=4)
-            ax.scatter([x] * len(values), values, color="black", s=10, zorder=3)  # one dot per seed
-        ax.set_xticks(
-            range(len(results["methods"])), [labels.get(m, m).split(" (")[0] for m in results["methods"]], fontsize=8
-        )
-        ax.set_title(key.replace("_", " "), fontsize=9)
+    keys = ["solutions", "pcmd", "share_3"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(12, 4))
+    names = list(results["arms"])
+    for ax, key in zip(axes, keys):
+        for i, name in enumerate(names):
+            values = [v for v in results["arms"][name]["per_seed"][key] if v is not None]
+            ax.scatter([i] * len(values), values, s=18)
+            if values:  # PCMD may be defined nowhere
+                ax.hlines(fmean(values), i - 0.3, i + 0.3, color="black")
+        if results["base"][key] is not None:
+            ax.axhline(results["base"][key], color="gray", ls="--", label="base")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
+        ax.set_title({"solutions": "distinct correct solutions", "pcmd": "PCMD", "share_3": "share with ≥ 3"}[key])
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
-    distinct = out / "distinct.png"
-    fig.savefig(distinct, dpi=110)
+    paths.append(where / "solutions.png")
+    fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
-    return [passk, distinct]
+    return paths

@@ -1,18 +1,24 @@
 """One RL run through the real parts: TRL's GRPO via the plug-in's SetpoGRPOTrainer, against a live
-setpo-server. GRPO is the same trainer with lambda = 0 (it then sends nothing to the service), so both arms
-share every line of code, the data, the steps and the hyperparameters."""
+setpo-server. Every arm is the same trainer with its own settings (arms.Config): GRPO is lambda = 0 (it then sends
+nothing to the service), the SetPO forms are the plug-in's diversity policy, the unlikeliness reward is GRPO with a
+reward that ranks each group's correct answers by their likelihood; so all arms share every line of code, the
+data, the steps and the hyperparameters."""
 
 import json
 import time
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from transformers.trainer_callback import ProgressCallback
 from trl import GRPOConfig
 
+from experiments.countdown_lm.arms import Config
 from experiments.countdown_lm.plan import RLSettings
 from setpo_client import SetpoClient
 from setpo_client.integrations.trl import SetpoGRPOTrainer
+from setpo_client.keys import countdown_expression
+from setpo_client.weight import WeightController
 from setpo_trainer.rewards import countdown_reward
 
 
@@ -38,21 +44,60 @@ def countdown(completions, numbers, target, **kwargs) -> list[float]:
     return [countdown_reward(c, list(n), t) for c, n, t in zip(completions, numbers, target)]
 
 
+def unlikeliness(rank_penalty: float, generations: int, trainer_of: dict):
+    """The unlikeliness reward (He, Fried and Welleck, 2025): within each group, the correct answers ranked by their
+    mean token log-probability under the current policy, the least likely first (rank 0); a correct answer's reward
+    becomes 1 - rank_penalty * rank / G, so the likeliest is rewarded least. Wrong answers keep theirs. One extra
+    forward pass a step, on the policy's own completions."""
+
+    def reward(prompts, completions, completion_ids, numbers, target, **kwargs) -> list[float]:
+        rewards = countdown(completions, numbers, target)
+        likelihood = mean_logprobs(trainer_of["trainer"], prompts, completion_ids)
+        for start in range(0, len(rewards), generations):  # TRL puts a prompt's G completions side by side
+            group = range(start, start + generations)
+            correct = sorted((i for i in group if rewards[i] == 1.0), key=lambda i: likelihood[i])
+            for rank, i in enumerate(correct):
+                rewards[i] = 1.0 - rank_penalty * rank / generations
+        return rewards
+
+    reward.__name__ = "countdown_unlikeliness"
+    return reward
+
+
+@torch.no_grad()
+def mean_logprobs(trainer, prompts: list[str], completion_ids: list[list[int]]) -> list[float]:
+    """Each completion's mean token log-probability given its prompt, under the trainer's current model."""
+    tokenizer, model = trainer.processing_class, trainer.model
+    rows = [tokenizer(p, add_special_tokens=False)["input_ids"] + list(c) for p, c in zip(prompts, completion_ids)]
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id or 0)  # (B, T)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row)
+    logits = model(input_ids=ids).logits.float()  # (B, T, V): right padding never reaches a row's own tokens
+    token_logps = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]  # (B, T-1)
+    means = []
+    for b, (row, completion) in enumerate(zip(rows, completion_ids)):
+        start = len(row) - len(completion) - 1  # logits at t predict token t + 1
+        means.append(token_logps[b, start : len(row) - 1].mean().item() if len(completion) else 0.0)
+    return means
+
+
 def train(
     base: Path,
     out: Path,
     puzzles: list[dict],
     url: str,
-    weight: float,
+    config: Config,
     seed: int,
     settings: RLSettings,
     label: str = "RL",
 ) -> dict:
-    """Trains `base` for settings.steps steps and saves the policy to out/model; returns the run's summary."""
+    """Trains `base` for settings.steps steps with the arm's settings and saves the policy to out/model; returns the
+    run's summary."""
     dataset = Dataset.from_list(
         [{"prompt": p["prompt"], "numbers": p["numbers"], "target": p["target"]} for p in puzzles]
     )
-    config = GRPOConfig(
+    arguments = GRPOConfig(
         output_dir=str(out),
         max_steps=settings.steps,
         per_device_train_batch_size=settings.prompts_per_step * settings.generations,
@@ -74,16 +119,29 @@ def train(
         bf16=False,
         gradient_checkpointing=False,
     )
+    controller = None
+    if config.target_ratio is not None:  # lambda in [0.01, 5] x the first one; the EMA over ~10 steps
+        controller = WeightController(config.target_ratio, 0.01 * config.weight, 5.0 * config.weight, ema=0.9)
+    trainer_of: dict = {}
+    reward = (
+        countdown if not config.rank_penalty else unlikeliness(config.rank_penalty, settings.generations, trainer_of)
+    )
     with SetpoClient(url) as client:
         trainer = SetpoGRPOTrainer(
             model=str(base),
-            reward_funcs=countdown,
-            args=config,
+            reward_funcs=reward,
+            args=arguments,
             train_dataset=dataset,
             setpo_client=client,
-            setpo_weight=weight,
+            setpo_weight=config.weight,
             setpo_on_error="fail",
+            setpo_min_reward=config.min_reward,
+            setpo_key=countdown_expression if config.kernel != "embedding" else None,
+            setpo_kernel=config.kernel,  # type: ignore[arg-type]
+            setpo_normalize=config.normalize,  # type: ignore[arg-type]
+            setpo_controller=controller,
         )
+        trainer_of["trainer"] = trainer
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(QuietProgress(label))
         started = time.perf_counter()
@@ -94,7 +152,7 @@ def train(
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     (out / "log_history.json").write_text(json.dumps(history, indent=1))
     summary = {
-        "weight": weight,
+        "config": config.as_dict(),
         "seed": seed,
         "steps": settings.steps,
         "seconds": seconds,
@@ -123,5 +181,9 @@ def metric_means(history: list[dict]) -> dict:
         "set_score": mean("setpo/set_score_mean"),
         "marginal_std": mean("setpo/marginal_std"),
         "duplicate_share": mean("setpo/duplicate_share"),
+        "weight_mean": mean("setpo/weight"),
+        "weight_last": mean("setpo/weight", history[-tenth:]),
+        "bonus_ratio": mean("setpo/bonus_ratio"),
+        "scored_share": mean("setpo/scored_share"),
         "frac_reward_zero_std": mean("frac_reward_zero_std"),
     }

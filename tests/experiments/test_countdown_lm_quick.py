@@ -1,35 +1,40 @@
-"""The Countdown LM experiment's quick form (make test-experiment): a tiny pretraining, a 2-step lambda sweep, 3
-RL steps of GRPO and of SetPO+GRPO with TRL against the real setpo-server (tests/conftest.py's), and setpo-eval
-on 4 test puzzles. Checks that every stage runs and writes every metric; nothing about which method wins."""
+"""The Countdown experiment's quick form (make test-experiment): a tiny pretraining, every validation arm for a few
+RL steps with TRL against the real setpo-server (tests/conftest.py's) — the paper's form, SetPO scoped to correct
+answers with the Countdown solution key (hybrid kernel), the same steered by the weight controller, and the
+unlikeliness reward — then the finalists on 4 test puzzles and the report. Checks that every stage runs, the
+policy reaches the service and every metric is written; nothing about which method wins."""
 
+import json
 import math
 
 from experiments.countdown_lm.__main__ import main
+from experiments.countdown_lm.plan import QUICK
 
-EVAL_METRICS = [
-    "pass@1",
-    "pass@8",
-    "avg@8",
-    "distinct_correct_mean",
-    "diversity_width",
-    "average_mode",
-    "mean_pairwise_similarity",
-    "set_score",
-]
-SETPO_TRAIN_METRICS = ["train_setpo_time_share", "train_saturation", "train_set_score", "train_marginal_std"]
+HEADLINE = ["pass@1", "pass@8", "solutions", "pcmd", "share_2", "share_3"]
 
 
 def test_quick_experiment_runs_every_stage_and_writes_every_metric(server, tmp_path):
     results = main(["--out", str(tmp_path), "--quick", "--setpo-url", server.url])
 
-    assert set(results["methods"]) == {"base", "grpo", "setpo"}
-    for method, metrics in results["methods"].items():
-        for key in EVAL_METRICS + (SETPO_TRAIN_METRICS if method == "setpo" else []):
-            mean, std, values = metrics[key]
-            assert all(math.isfinite(v) for v in [mean, std, *values]), (method, key)
-        assert all(len(curve) == 8 for curve in results["curves"][method])  # pass@k for k = 1..n
-    assert results["lambda"] == 0.5 and results["timings_s"]["total"] > 0  # the quick sweep's only candidate
+    choices = json.loads((tmp_path / "choices.json").read_text())
+    tried = {row["config"]["name"] for row in choices["validation"]}
+    assert {"grpo", "paper-w0.5", "scoped-hybrid-w0.15", "unlikeliness-beta0.25"} <= tried
+    assert any(name.startswith("controller-hybrid-ratio") for name in tried)
+
+    assert len(results["arms"]) == 4  # GRPO, the paper's form, the best scoped form, the unlikeliness reward
+    for name, arm in results["arms"].items():
+        for key in HEADLINE:
+            mean, std = arm["metrics"][key]
+            assert mean is None or (math.isfinite(mean) and math.isfinite(std)), (name, key)
+        assert all(len(curve) == QUICK.samples for curve in arm["curves"])  # pass@k for k = 1..n
+        assert name == "grpo" or set(arm["versus_grpo"]) == set(HEADLINE + ["pass@64"])
+
+    controller = next(r for r in choices["validation"] if r["config"]["name"].startswith("controller-"))
+    run = tmp_path / "runs" / controller["config"]["name"] / f"seed{QUICK.validation_seeds[0]}"
+    logged = json.loads((run / "log_history.json").read_text())
+    assert all("setpo/weight" in step and "setpo/bonus_rms" in step for step in logged)  # the shaper ran each step
+    assert logged[0]["setpo/weight"] == controller["config"]["weight"]  # the controller starts from the arm's lambda
+
     report = tmp_path / "report"
-    for name in ("results.json", "table.md", "pass_at_k.png", "distinct.png"):
+    for name in ("results.json", "validation.md", "test.md", "pass_at_k.png", "solutions.png"):
         assert (report / name).stat().st_size > 0
-    assert (tmp_path / "sweep" / "sweep.json").exists()

@@ -1,0 +1,57 @@
+"""The arms of experiment v2: what each method is, as SetpoGRPOTrainer's settings, and the validation grid.
+
+An arm is one way to train; a config is an arm at one weight. Every weight is chosen on the validation split
+(docs/experiments.md, v2): the paper's form at a raw lambda, SetPO scoped to correct members with z-scored marginals
+under each kernel, the best of those steered by the weight controller, and the unlikeliness reward (He et al.,
+2025: correct answers ranked by their likelihood under the policy, the likeliest rewarded least) as the baseline a
+user would pick instead.
+"""
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class Config:
+    arm: str  # grpo | paper | scoped-embedding | scoped-key | scoped-hybrid | controller-<kernel> | unlikeliness
+    weight: float = 0.0  # lambda (the controller's first lambda); 0: no SetPO
+    min_reward: float | None = None
+    kernel: str = "embedding"
+    normalize: str = "none"
+    target_ratio: float | None = None  # the weight controller's RMS(bonus) / RMS(advantage)
+    rank_penalty: float = 0.0  # the unlikeliness reward's beta_rank
+
+    @property
+    def name(self) -> str:
+        """A directory name that says the arm and its weight."""
+        if self.target_ratio is not None:
+            return f"{self.arm}-ratio{self.target_ratio:g}"
+        if self.rank_penalty:
+            return f"{self.arm}-beta{self.rank_penalty:g}"
+        return self.arm if self.arm == "grpo" else f"{self.arm}-w{self.weight:g}"
+
+    @property
+    def uses_service(self) -> bool:
+        return self.weight > 0 and self.kernel != "key"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "name": self.name}
+
+
+GRPO = Config("grpo")
+SCOPE = {"min_reward": 1.0, "normalize": "zscore"}  # correct answers only (reward 1), in units of their spread
+
+
+def phase_one(plan) -> list[Config]:
+    """GRPO, the paper's form, every scoped kernel and the unlikeliness reward, each at every weight of its grid."""
+    return [
+        GRPO,
+        *(Config("paper", weight=w) for w in plan.paper_weights),
+        *(Config(f"scoped-{k}", weight=w, kernel=k, **SCOPE) for k in plan.kernels for w in plan.scoped_weights),
+        *(Config("unlikeliness", rank_penalty=b) for b in plan.rank_penalties),
+    ]
+
+
+def phase_two(best_scoped: Config, ratios: tuple[float, ...]) -> list:
+    """The best scoped form, with lambda steered to each target ratio instead of fixed (its first lambda: its own)."""
+    arm = f"controller-{best_scoped.kernel}"
+    return [replace(best_scoped, arm=arm, target_ratio=ratio) for ratio in ratios]
