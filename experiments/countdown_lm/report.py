@@ -320,3 +320,11 @@ def plot(results: dict, where: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
+
+
+if __name__ == "__main__":  # python -m experiments.countdown_lm.report <samples.jsonl> ...: one run's headline
+    import sys
+
+    for path in sys.argv[1:]:
+        summary = summarize(puzzles_of(Path(path)))
+        print(path, json.dumps({key: summary[key] for key in [*HEADLINE, "pcmd_support"]}))
