@@ -133,9 +133,13 @@ def run_all(args: argparse.Namespace, plan: Plan, url: str, runs: list[tuple[Con
         return f"{config.name} seed {seed} {split}: {(time.perf_counter() - began) / 60:.1f} min"
 
     with ThreadPoolExecutor(args.jobs) as pool, tqdm(total=len(todo), unit="run", desc="runs") as bar:
-        for finished in as_completed([pool.submit(in_a_process, run) for run in todo]):
-            bar.write(finished.result())
-            bar.update()
+        try:
+            for finished in as_completed([pool.submit(in_a_process, run) for run in todo]):
+                bar.write(finished.result())
+                bar.update()
+        except BaseException:  # a failed run or a stop: start no more (the runs done so far stay done)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 if __name__ == "__main__":
