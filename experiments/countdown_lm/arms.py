@@ -43,10 +43,11 @@ SCOPE = {"min_reward": 1.0, "normalize": "zscore"}  # correct answers only (rewa
 
 def phase_one(plan) -> list[Config]:
     """GRPO, the paper's form, every scoped kernel and the unlikeliness reward, each at every weight of its grid."""
+    # the scoped forms first: they decide the recommendation, and an experiment stopped early has them
     return [
         GRPO,
-        *(Config("paper", weight=w) for w in plan.paper_weights),
         *(Config(f"scoped-{k}", weight=w, kernel=k, **SCOPE) for k in plan.kernels for w in plan.scoped_weights),
+        *(Config("paper", weight=w) for w in plan.paper_weights),
         *(Config("unlikeliness", rank_penalty=b) for b in plan.rank_penalties),
     ]
 
