@@ -6,6 +6,7 @@ import sys
 
 import httpx
 
+import setpo_server
 from setpo_server.local import LocalServer, free_port
 from setpo_server.settings import Settings
 
@@ -18,8 +19,14 @@ def test_help_lists_every_setting_with_its_variable_and_starts_nothing():
     for name in Settings.model_fields:
         if name == "api_key":
             assert "--api-key" not in result.stdout  # secrets never on a command line
+            assert "SETPO_API_KEY, from the environment only" in result.stdout  # but --help says where it goes
             continue
         assert f"--{name.replace('_', '-')}" in result.stdout and f"SETPO_{name.upper()}" in result.stdout, name
+
+
+def test_version_prints_the_packages_version():
+    result = subprocess.run([*SERVER, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == f"setpo-server {setpo_server.__version__}\n", result.stderr
 
 
 def test_unknown_flag_and_key_on_the_command_line_are_refused():

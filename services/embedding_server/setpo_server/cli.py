@@ -9,6 +9,7 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
+from setpo_server import __version__
 from setpo_server.logs import log_config, no_progress_bars
 from setpo_server.settings import Settings
 
@@ -16,6 +17,9 @@ from setpo_server.settings import Settings
 def main() -> None:
     from setpo_server.runtime import keep_freed_memory, use_threads
 
+    if sys.argv[1:] == ["--version"]:
+        print(f"setpo-server {__version__}")
+        return
     keep_freed_memory()  # before uvicorn and the model start threads: glibc fixes its heap count at the first one
     if any(arg.split("=")[0] == "--api-key" for arg in sys.argv[1:]):
         sys.exit(

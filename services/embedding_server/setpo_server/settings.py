@@ -3,6 +3,7 @@
 Each field's docstring is its `--help` text (pydantic-settings' CLI, which also prints the variable and default).
 """
 
+import inspect
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
@@ -12,6 +13,11 @@ from setpo_core.diversity import SHAPES
 
 
 class Settings(BaseSettings):
+    """The diversity service for SetPO (docs/service.md). Every flag is also a SETPO_* variable (flags win).
+    SETPO_API_KEY, from the environment only: the bearer key clients must send (unset: no key needed).
+    setpo-server --version prints the version.
+    """
+
     model_config = SettingsConfigDict(
         env_prefix="SETPO_",
         extra="forbid",
@@ -120,3 +126,6 @@ class Settings(BaseSettings):
             # HTTP headers carry latin-1 and clients send ASCII: such a key could never be presented
             raise ValueError("must be printable ASCII (an HTTP header carries it); choose another key")
         return key if key is not None and key.get_secret_value() else None
+
+
+Settings.__doc__ = inspect.cleandoc(Settings.__doc__ or "")  # --help prints the class docstring as written
