@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
@@ -198,7 +199,19 @@ def test_a_trl_outside_the_tested_range_is_said_at_start(tiny_model, client, tmp
     monkeypatch.setattr(trl, "__version__", "1.17.0")
     with caplog.at_level("WARNING", logger="setpo_client.trl"):
         make_trainer(tiny_model, client, tmp_path)
-    assert "tested with TRL 1.16.x; this is 1.17.0" in caplog.text
+    assert "is tested with TRL >=1.16,<1.17 (setpo-client[trl]); this is 1.17.0" in caplog.text
+
+
+def test_the_trl_extra_declares_the_range_the_plugin_accepts():
+    from packaging.requirements import Requirement
+
+    from setpo_client.integrations import trl as plugin
+
+    extras = tomllib.loads((Path(__file__).parents[3] / "clients/python/pyproject.toml").read_text())
+    (declared,) = [Requirement(r) for r in extras["project"]["optional-dependencies"]["trl"]]
+    assert declared.name == "trl" and str(declared.specifier) == str(Requirement("trl" + plugin.TESTED_RANGE).specifier)
+    for version in ("1.16.0", "1.16.7", "1.15.2", "1.17.0", "2.0.0"):  # the range and the no-warning prefixes agree
+        assert (version in declared.specifier) == version.startswith(plugin.TESTED_VERSIONS)
 
 
 def test_the_key_is_in_no_log_printed_argument_or_tracker_config(tiny_model, tmp_path, monkeypatch, caplog, capsys):

@@ -45,7 +45,9 @@ from setpo_client.types import Kernel, Normalize
 from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client.trl")
-TESTED_VERSIONS = ("1.16.",)  # TRL versions whose _generate_and_score_completions this was tested against
+# TRL versions whose seams this was tested against: the `trl` extra's range (tests/integrations/trl checks they agree)
+TESTED_VERSIONS = ("1.16.",)
+TESTED_RANGE = ">=1.16,<1.17"
 
 
 class SetpoGRPOTrainer(GRPOTrainer):
@@ -68,16 +70,14 @@ class SetpoGRPOTrainer(GRPOTrainer):
             if seam not in vars(GRPOTrainer):
                 raise RuntimeError(
                     f"TRL {trl.__version__} has no GRPOTrainer.{seam}: SetpoGRPOTrainer would train without SetPO. "
-                    f"Use TRL {' / '.join(v + 'x' for v in TESTED_VERSIONS)}."
+                    f"Use TRL {TESTED_RANGE} (setpo-client[trl])."
                 )
         key = load_key(setpo_key) if isinstance(setpo_key, str) else setpo_key
         if setpo_kernel != "embedding" and key is None:
             raise ValueError(f"setpo_kernel={setpo_kernel!r} compares solution keys: give setpo_key")
         if not trl.__version__.startswith(TESTED_VERSIONS):
             log.warning(
-                "SetpoGRPOTrainer was tested with TRL %s; this is %s",
-                " / ".join(v + "x" for v in TESTED_VERSIONS),
-                trl.__version__,
+                "SetpoGRPOTrainer is tested with TRL %s (setpo-client[trl]); this is %s", TESTED_RANGE, trl.__version__
             )
         super().__init__(*args, **kwargs)
         if setpo_weight > 0 and self.num_generations < 3:  # fail now, not after the first generation round
