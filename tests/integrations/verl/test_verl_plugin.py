@@ -27,10 +27,11 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(smollm2_path())
 
 
-def rollout_batch(tokenizer, rewards: list[list[float]]) -> DataProto:
+def rollout_batch(tokenizer, rewards: list[list[float]], answers=ANSWERS, split_reward=False) -> DataProto:
     """A real DataProto as veRL's trainer holds it at the advantage step: right-padded responses, a response
-    mask, token-level rewards on each response's last token, and the group id `uid` of every row."""
-    texts = [t for group in ANSWERS for t in group]
+    mask, token-level rewards on each response's last token (split_reward: half on its first token, half on its
+    last, as a reward with a format part and an answer part), and the group id `uid` of every row."""
+    texts = [t for group in answers for t in group]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     width = max(map(len, ids)) + 3  # padding after every response
     responses = torch.full((len(ids), width), tokenizer.pad_token_id or 0)  # (B, T)
@@ -39,8 +40,9 @@ def rollout_batch(tokenizer, rewards: list[list[float]]) -> DataProto:
     for row, (tokens, reward) in enumerate(zip(ids, [r for group in rewards for r in group])):
         responses[row, : len(tokens)] = torch.tensor(tokens)
         mask[row, : len(tokens)] = 1
-        scores[row, len(tokens) - 1] = reward
-    uids = np.array([f"prompt-{g}" for g in range(len(ANSWERS)) for _ in range(G)], dtype=object)
+        scores[row, len(tokens) - 1] += reward / 2 if split_reward else reward
+        scores[row, 0] += reward / 2 if split_reward else 0.0
+    uids = np.array([f"prompt-{g}" for g in range(len(answers)) for _ in range(G)], dtype=object)
     prompts = torch.ones(len(ids), 2, dtype=torch.long)  # (B, P), what the data metrics read
     tensors = {
         "prompts": prompts,
@@ -143,3 +145,67 @@ def test_clear_errors_for_incomplete_settings(tokenizer):
         advantages(rollout_batch(tokenizer, REWARDS), algorithm(enable=True))
     with pytest.raises(ValueError, match=r"setpo.tokenizer"):
         advantages(rollout_batch(tokenizer, REWARDS), algorithm(enable=True, url="http://127.0.0.1:1"))
+
+
+def test_min_reward_scores_only_responses_whose_summed_scores_reach_it(tokenizer, server, client):
+    # each reward split over two tokens: only veRL's sum over the response (what its GRPO uses) reaches 1
+    settings = {"enable": True, "url": server.url, "weight": 0.4, "tokenizer": str(smollm2_path())}
+    policy = {"min_reward": 1.0, "normalize": "zscore"}
+    base, _ = advantages(rollout_batch(tokenizer, REWARDS, split_reward=True), algorithm())
+    shaped, out = advantages(rollout_batch(tokenizer, REWARDS, split_reward=True), algorithm(**settings, **policy))
+    direct = client.diversity(
+        [{"texts": g, "rewards": r} for g, r in zip(ANSWERS, REWARDS)], weight=0.4, **policy
+    )  # group 0 has 3 correct answers; groups 1 and 2 fewer, so nothing is scored there
+    bonus = torch.tensor([b for g in direct.groups for b in g.bonus])
+    assert torch.allclose(shaped - base, bonus[:, None] * out.batch["response_mask"], atol=1e-6)
+    correct = torch.tensor(REWARDS).flatten() == 1
+    assert torch.all(bonus[~correct] == 0) and torch.all(bonus[:G][correct[:G]] != 0)
+    metrics = ray_trainer.compute_data_metrics(batch=out, use_critic=False)
+    assert metrics["setpo/scored_groups"] == 1 and metrics["setpo/small_scope_groups"] == 2
+
+
+COUNTDOWN = [  # to the key function, rows 0 and 1 are one solution however they are spelt; row 3 has none
+    ["<answer>(3+5)*2</answer>", "I add first. <answer>2*(5+3)</answer>", "<answer>(9-1)*2</answer>", "no idea"],
+    ["<answer>4*6-8</answer>", "<answer>8+8</answer>", "so <answer>6*4-8</answer>", "<answer>2*8</answer>"],
+]
+
+
+@pytest.mark.parametrize(
+    "kernel,key", [("key", "countdown_expression"), ("hybrid", "setpo_client.keys:countdown_expression")]
+)
+def test_the_key_function_names_solutions_for_the_key_and_hybrid_kernels(tokenizer, server, client, kernel, key):
+    from setpo_client.keys import countdown_expression
+
+    settings = {"enable": True, "url": server.url, "weight": 0.5, "tokenizer": str(smollm2_path())}
+    rewards = [[1, 1, 1, 0], [1, 1, 1, 1]]
+    base, _ = advantages(rollout_batch(tokenizer, rewards, COUNTDOWN), algorithm())
+    shaped, out = advantages(
+        rollout_batch(tokenizer, rewards, COUNTDOWN), algorithm(**settings, kernel=kernel, key=key)
+    )
+    keys = [[countdown_expression(text) for text in group] for group in COUNTDOWN]
+    assert keys[0][0] == keys[0][1] != keys[0][2] and keys[0][3] is None and keys[1][0] == keys[1][2]
+    sent = [{"keys": k} if kernel == "key" else {"texts": g, "keys": k} for g, k in zip(COUNTDOWN, keys)]
+    bonus = torch.tensor([b for g in client.diversity(sent, weight=0.5, kernel=kernel).groups for b in g.bonus])
+    assert torch.allclose(shaped - base, bonus[:, None] * out.batch["response_mask"], atol=1e-6)
+    if kernel == "key":  # one solution spelt twice: one marginal, below the solution nobody else found
+        assert bonus[0].item() == pytest.approx(bonus[1].item(), abs=1e-9) and bonus[2] > bonus[0]
+
+
+def test_the_weight_controller_steers_lambda_to_the_target_ratio_and_the_metrics_say_so(tokenizer, server, client):
+    settings = {"enable": True, "url": server.url, "weight": 0.3, "tokenizer": str(smollm2_path())}
+    controller = {"target_ratio": 0.5, "weight_ema": 0.0, "max_weight": 100.0}
+    base, out = advantages(rollout_batch(tokenizer, REWARDS), algorithm())
+    mask = out.batch["response_mask"]
+    logged = []
+    for _ in range(2):  # two steps of one run: the shaper, and so the controller, carries over
+        shaped, out = advantages(rollout_batch(tokenizer, REWARDS), algorithm(**settings, **controller))
+        logged.append(ray_trainer.compute_data_metrics(batch=out, use_critic=False))
+    first, second = logged
+    per_row = (base * mask).sum(-1) / mask.sum(-1)  # veRL's GRPO advantage of each response
+    assert first["setpo/advantage_rms"] == pytest.approx(per_row.square().mean().sqrt().item(), rel=1e-6)
+    assert first["setpo/weight"] == 0.3
+    # ema 0: step 2 applies the lambda that would have hit the target at step 1; the same step then hits it
+    assert second["setpo/weight"] == pytest.approx(0.3 * 0.5 / first["setpo/bonus_ratio"], rel=1e-6)
+    assert second["setpo/bonus_ratio"] == pytest.approx(0.5, rel=1e-5)
+    marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in ANSWERS]).groups for s in g.marginals])
+    assert torch.allclose(shaped - base, second["setpo/weight"] * marginals[:, None] * mask, atol=1e-6)

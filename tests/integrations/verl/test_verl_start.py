@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.v1 import get_trainer_cls
 
 from setpo_client import SetpoError
-from setpo_client.integrations.verl import check_start
+from setpo_client.integrations.verl import check_start, setpo_settings, shaper_for
 from setpo_server.local import LocalServer, free_port
 
 from .conftest import ROOT_VENV_PYTHON
@@ -121,3 +121,87 @@ def test_a_verl_outside_the_tested_range_is_said_at_start(server, monkeypatch, c
     with caplog.at_level(logging.WARNING, logger="setpo_client.verl"):
         check_start(verl_config(*setpo(server.url)), get_trainer_cls("sync"))
     assert "tested with veRL 0.9.x; this is 0.10.0" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["+algorithm.setpo.kernel=hybrid"], r"algorithm.setpo.kernel=hybrid compares solution keys"),
+        (["+algorithm.setpo.kernel=key", "+algorithm.setpo.key=countdown"], r"algorithm.setpo.key: .*'countdown'"),
+        (["+algorithm.setpo.kernel=key", "+algorithm.setpo.key=no_such_pkg:key"], r"algorithm.setpo.key: .*cannot"),
+        (["+algorithm.setpo.key=countdown_expression"], r"algorithm.setpo.key is used by kernel hybrid or key"),
+        (["+algorithm.setpo.kernel=cosine", "+algorithm.setpo.key=countdown_expression"], r"kernel must be one of"),
+        (["+algorithm.setpo.normalize=std"], r"normalize must be one of"),
+        (["+algorithm.setpo.min_reward=nan"], r"min_reward must be a finite number"),
+        (["+algorithm.setpo.min_reward=high"], r"algorithm.setpo.min_reward must be a number"),
+        (
+            ["+algorithm.setpo.min_weight=0.1", "+algorithm.setpo.warmup_steps=5"],
+            r"min_weight, .*warmup_steps .*target_ratio",
+        ),
+        (
+            ["+algorithm.setpo.target_ratio=0.3", "+algorithm.setpo.weight_ema=1.5"],
+            r"algorithm.setpo.weight_ema must be",
+        ),
+        (
+            ["+algorithm.setpo.target_ratio=0.3", "+algorithm.setpo.warmup_steps=2.5"],
+            r"warmup_steps must be an integer",
+        ),
+        (["+algorithm.setpo.target_ratio=-1"], r"target_ratio must be a finite number > 0"),
+        (["+algorithm.setpo.target_ratio=0.3", "+algorithm.setpo.weight=0"], r"target_ratio steers lambda from"),
+        (["+algorithm.setpo.target_ration=0.3"], r"algorithm.setpo.target_ration is not a SetPO setting"),
+    ],
+    ids=[
+        "hybrid-without-key",
+        "unknown-key-name",
+        "key-module-missing",
+        "key-with-embedding-kernel",
+        "unknown-kernel",
+        "unknown-normalize",
+        "nan-min-reward",
+        "text-min-reward",
+        "controller-knobs-without-target",
+        "ema-out-of-range",
+        "fractional-warmup",
+        "negative-target",
+        "target-with-weight-0",
+        "misspelt-setting",
+    ],
+)
+def test_the_real_v1_trainer_refuses_a_diversity_policy_that_would_not_do_what_it_says(server, overrides, match):
+    config = verl_config(*setpo(server.url), *overrides)
+    with pytest.raises(ValueError, match=match):
+        get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+
+
+def test_a_full_diversity_policy_composes_from_the_command_line_and_is_logged_at_start(server, caplog):
+    policy = [
+        "+algorithm.setpo.min_reward=1.0",
+        "+algorithm.setpo.key=setpo_client.keys:countdown_expression",  # module:function through Hydra's grammar
+        "+algorithm.setpo.kernel=hybrid",
+        "+algorithm.setpo.normalize=zscore",
+        "+algorithm.setpo.target_ratio=0.3",
+        "+algorithm.setpo.min_weight=0.01",
+        "+algorithm.setpo.max_weight=2.0",
+        "+algorithm.setpo.weight_ema=0.8",
+        "+algorithm.setpo.warmup_steps=10",
+        "+algorithm.setpo.freeze_after=200",
+    ]
+    config = verl_config(*setpo(server.url, "+algorithm.setpo.weight=0.13", *policy))
+    with caplog.at_level(logging.INFO, logger="setpo_client.verl"):
+        check_start(config, get_trainer_cls("sync"))
+    shaper = shaper_for(setpo_settings(config.algorithm))
+    controller = shaper.controller
+    assert (shaper.min_reward, shaper.key("<answer>2*(5+3)</answer>"), shaper.kernel, shaper.normalize) == (
+        1.0,
+        "countdown:mul(2,add(3,5))",
+        "hybrid",
+        "zscore",
+    )
+    assert (controller.target_ratio, controller.min_weight, controller.max_weight, controller.ema) == (
+        0.3,
+        0.01,
+        2.0,
+        0.8,
+    )
+    assert (controller.warmup_steps, controller.freeze_after, shaper.weight) == (10, 200, 0.13)
+    assert "min_reward=1.0 key=setpo_client.keys:countdown_expression kernel=hybrid normalize=zscore" in caplog.text

@@ -101,10 +101,11 @@ def advantages_per_row(tq, keys, partition) -> list[float]:
     return values
 
 
-def base_and_shaped(tq, tokenizer, name, rows=None, pad_to=None, **kwargs):
-    """veRL's own advantages and the plug-in's, each on its own copy of the same step: (base, shaped, metrics, keys)."""
+def base_and_shaped(tq, tokenizer, name, rows=None, pad_to=None, policy=None, **kwargs):
+    """veRL's own advantages and the plug-in's, each on its own copy of the same step: (base, shaped, metrics, keys).
+    policy: more algorithm.setpo settings (the diversity policy)."""
     results = []
-    for setpo in ({}, {"enable": True, "url": kwargs.pop("url"), "weight": WEIGHT}):
+    for setpo in ({}, {"enable": True, "url": kwargs.pop("url"), "weight": WEIGHT, **(policy or {})}):
         partition = f"{name}-{'setpo' if setpo else 'base'}"
         meta, _ = put_rollouts(tq, tokenizer, partition, rows, kwargs.get("off_policy", ()))
         if pad_to:  # veRL's own synthetic padding rows, as the trainer adds them to make the batch divisible
@@ -184,3 +185,29 @@ def test_rows_rejected_by_rollout_correction_are_not_sent(transfer_queue, tokeni
     ]  # without the rejected row
     expected = [b + WEIGHT * s for b, s in zip(base, [*marginals[0], 0.0, *marginals[1]])]
     assert shaped == pytest.approx(expected, abs=1e-6) and metrics["setpo/unscored_groups"] == 0
+
+
+def test_v1_min_reward_scores_sessions_by_their_final_outputs_reward_and_the_controller_steers(
+    transfer_queue, tokenizer, server, client
+):
+    p0 = ["48 / 2 = 24, so 72", "1.5 * 48 = 72", "seventy-two", "it is 74"]
+    # session 0 answers in two outputs: its first earns nothing, its final one is correct, so the session is
+    rows = [("p0", 0, 0, "let me think: 48 halves to 24", 0.0), ("p0", 0, 1, p0[0], 1.0)]
+    rows += [("p0", s, 0, p0[s], reward) for s, reward in ((1, 1.0), (2, 1.0), (3, 0.0))]
+    rows += [("p1", s, 0, text, REWARDS["p1"][s]) for s, text in enumerate(ANSWERS["p1"])]  # 2 correct: too few
+    policy = {"min_reward": 1.0, "normalize": "zscore", "target_ratio": 0.5, "weight_ema": 0.0, "max_weight": 100.0}
+    steps = [  # two steps of one run: the controller carries over
+        base_and_shaped(transfer_queue, tokenizer, f"scoped-{step}", rows=rows, url=server.url, policy=policy)
+        for step in range(2)
+    ]
+    for base, shaped, metrics, _ in steps:
+        groups = [{"texts": p0, "rewards": [1.0, 1.0, 1.0, 0.0]}, {"texts": ANSWERS["p1"], "rewards": REWARDS["p1"]}]
+        direct = client.diversity(groups, weight=metrics["setpo/weight"], min_reward=1.0, normalize="zscore")
+        p0_bonus, p1_bonus = (g.bonus for g in direct.groups)
+        assert p0_bonus[0] != 0 and p0_bonus[3] == 0 and p1_bonus == [0.0, 0.0, 0.0]
+        per_row = [p0_bonus[0], *p0_bonus, *p1_bonus]  # session 0's bonus on both its rows
+        assert shaped == pytest.approx([b + s for b, s in zip(base, per_row)], abs=1e-6)
+    (_, _, first, _), (_, _, second, _) = steps
+    assert first["setpo/weight"] == WEIGHT and first["setpo/small_scope_groups"] == 1
+    assert second["setpo/weight"] == pytest.approx(WEIGHT * 0.5 / first["setpo/bonus_ratio"], rel=1e-6)
+    assert second["setpo/bonus_ratio"] == pytest.approx(0.5, rel=1e-5)

@@ -8,6 +8,14 @@ configure everything else:
         +algorithm.setpo.enable=true +algorithm.setpo.url=http://setpo:8000 +algorithm.setpo.weight=0.05 \\
         [+algorithm.setpo.on_error=skip] [+algorithm.setpo.timeout=60] [+algorithm.setpo.max_chars=8000]
 
+Diversity among correct solutions (contract v1.1; docs/diversity.md says how to choose), SetpoShaper's policy
+under veRL's names: +algorithm.setpo.min_reward=1.0 scores only the responses whose reward (veRL's token-level
+scores summed over the response, as its GRPO sums them) reaches it; key=countdown_expression (or
+package.module:function) a solution key function; kernel=embedding|hybrid|key; normalize=none|zscore; and
+target_ratio=0.3 steers lambda (weight is then the first step's) so that RMS(bonus) / RMS(advantage) is that,
+with min_weight, max_weight, weight_ema, warmup_steps, freeze_after. A setting that would go unused (a key with
+the embedding kernel, a controller knob without target_ratio, a misspelt name) stops the run at start.
+
 The service's key comes only from $SETPO_API_KEY (veRL prints its resolved config and sends it to its
 trackers: a key in the config would be in both); +algorithm.setpo.api_key is refused.
 
@@ -42,7 +50,9 @@ import numpy as np
 import torch
 
 from setpo_client.client import SetpoClient
+from setpo_client.keys import load_key
 from setpo_client.shaping import SetpoShaper
+from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client.verl")
 TESTED_VERSIONS = ("0.9.",)  # veRL versions whose advantage steps this plug-in was tested against
@@ -57,6 +67,20 @@ GROUP_ESTIMATORS = (
     "gpg",
     "reinforce_plus_plus_baseline",
     "gdpo",
+)
+# WeightController's knobs: they steer lambda, so without algorithm.setpo.target_ratio they are refused
+CONTROLLER_SETTINGS = ("min_weight", "max_weight", "weight_ema", "warmup_steps", "freeze_after")
+POLICY_SETTINGS = ("min_reward", "key", "kernel", "normalize", "target_ratio", *CONTROLLER_SETTINGS)
+SETTINGS = (
+    "enable",
+    "url",
+    "weight",
+    "on_error",
+    "timeout",
+    "ready_timeout",
+    "max_chars",
+    "tokenizer",
+    *POLICY_SETTINGS,
 )
 _shapers: dict[tuple, SetpoShaper] = {}
 
@@ -73,18 +97,99 @@ def setpo_settings(algorithm_config) -> dict | None:
         )
     if not block.get("url"):
         raise ValueError("algorithm.setpo.enable=true needs +algorithm.setpo.url=<setpo service URL>")
+    unknown = [name for name in block if name not in SETTINGS]
+    if unknown:  # a misspelt setting would otherwise train the paper's form without a word
+        raise ValueError(
+            f"algorithm.setpo.{unknown[0]} is not a SetPO setting; the settings are: {', '.join(SETTINGS)}"
+        )
     return dict(block)
 
 
-def shaper_for(settings: dict) -> SetpoShaper:
-    """One shaper per configuration and process, so fallback steps and step times are counted across the run."""
-    key = tuple(sorted((k, str(v)) for k, v in settings.items()))
-    if key not in _shapers:
-        client = SetpoClient(settings["url"], timeout=float(settings.get("timeout", 60.0)))  # key: $SETPO_API_KEY
-        _shapers[key] = SetpoShaper(
-            client, float(settings.get("weight", 0.05)), settings.get("on_error", "skip"), settings.get("max_chars")
+def number(settings: dict, name: str, default: float | None = None, kind: type = float) -> Any:
+    """algorithm.setpo.<name> as a number (Hydra parses `0.3` and `3`; anything else is refused by its name)."""
+    value = settings.get(name, default)
+    if value is None:
+        return None
+    wrong_kind = not isinstance(value, int) if kind is int else not isinstance(value, int | float)
+    if isinstance(value, bool) or wrong_kind:
+        raise ValueError(f"algorithm.setpo.{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    return kind(value)
+
+
+def diversity_policy(settings: dict) -> dict[str, Any]:
+    """SetpoShaper's diversity policy (min_reward, key, kernel, normalize, controller) from algorithm.setpo.*.
+    Whatever is set is used or refused with its name: a key the kernel ignores, or a controller knob without
+    target_ratio, would otherwise train the paper's form while the config says otherwise."""
+    kernel, key_name = settings.get("kernel", "embedding"), settings.get("key")
+    if key_name is None and kernel != "embedding":
+        raise ValueError(
+            f"algorithm.setpo.kernel={kernel} compares solution keys: add +algorithm.setpo.key=<countdown_expression "
+            "or package.module:function>"
         )
-    return _shapers[key]
+    if key_name is not None and kernel == "embedding":
+        raise ValueError(
+            "algorithm.setpo.key is used by kernel hybrid or key only: add +algorithm.setpo.kernel=hybrid (or key), "
+            "or drop the key"
+        )
+    try:
+        key = load_key(str(key_name)) if key_name is not None else None  # loaded now: a typo stops the start
+    except ValueError as exc:
+        raise ValueError(f"algorithm.setpo.key: {exc}") from exc
+    controller = None
+    if settings.get("target_ratio") is None:
+        steering = [f"algorithm.setpo.{name}" for name in CONTROLLER_SETTINGS if settings.get(name) is not None]
+        if steering:
+            raise ValueError(
+                f"{', '.join(steering)} steer lambda: they need +algorithm.setpo.target_ratio=<RMS(bonus) / RMS(advantage)>"
+            )
+    else:
+        if number(settings, "weight", 0.05) <= 0:  # the controller would raise lambda 0 to min_weight: SetPO on
+            raise ValueError(
+                "algorithm.setpo.target_ratio steers lambda from algorithm.setpo.weight, the first step's lambda: "
+                "it must be > 0 (for a run without SetPO, drop algorithm.setpo)"
+            )
+        ema = number(settings, "weight_ema", 0.9)
+        if not 0 <= ema < 1:  # WeightController calls it `ema`: say it with the setting's name
+            raise ValueError(f"algorithm.setpo.weight_ema must be in [0, 1), got {ema}")
+        try:
+            controller = WeightController(
+                number(settings, "target_ratio"),
+                number(settings, "min_weight", 1e-3),
+                number(settings, "max_weight", 10.0),
+                ema,
+                number(settings, "warmup_steps", 0, int),
+                number(settings, "freeze_after", None, int),
+            )
+        except ValueError as exc:
+            raise ValueError(f"algorithm.setpo: {exc}") from exc
+    normalize = settings.get("normalize", "none")
+    return {
+        "min_reward": number(settings, "min_reward"),
+        "key": key,
+        "kernel": kernel,
+        "normalize": normalize,
+        "controller": controller,
+    }
+
+
+def shaper_for(settings: dict) -> SetpoShaper:
+    """One shaper per configuration and process, so fallback steps, step times and the weight controller's state
+    carry across the run's steps."""
+    name = tuple(sorted((k, str(v)) for k, v in settings.items()))
+    if name not in _shapers:
+        policy = diversity_policy(settings)
+        client = SetpoClient(settings["url"], timeout=number(settings, "timeout", 60.0))  # key: $SETPO_API_KEY
+        try:
+            _shapers[name] = SetpoShaper(
+                client,
+                number(settings, "weight", 0.05),
+                settings.get("on_error", "skip"),
+                number(settings, "max_chars", None, int),
+                **policy,
+            )
+        except ValueError as exc:  # SetpoShaper's messages use the settings' own names (kernel, min_reward, ...)
+            raise ValueError(f"algorithm.setpo: {exc}") from exc
+    return _shapers[name]
 
 
 def check_start(config, trainer_class) -> None:
@@ -126,25 +231,38 @@ def check_start(config, trainer_class) -> None:
         info.limits.max_group_size,
         info.limits.max_body_bytes,
     )
+    log.info("SetPO diversity policy: %s", " ".join(f"{name}={settings.get(name)}" for name in POLICY_SETTINGS))
 
 
 def shape_sessions(
-    texts: list[str | None], uids: Sequence, sessions: Sequence[tuple | None], shaper: SetpoShaper, started: float
+    texts: list[str | None],
+    uids: Sequence,
+    sessions: Sequence[tuple | None],
+    rewards: Sequence[float],
+    advantages: Sequence[float],
+    shaper: SetpoShaper,
+    started: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """lambda * s_i for every row (B,) and the step's setpo/* metrics. sessions[row] = (session, output index) or
     None for a row that is not part of any group (padding). A session's member of its uid's group is its final
-    output (highest index; texts[row] None: not scorable); the session's bonus goes to all its rows."""
+    output (highest index; texts[row] None: not scorable), with that output's reward and advantage, as veRL's
+    GRPO takes them; the session's bonus goes to all its rows. rewards, advantages: one number a row."""
     finals: dict = {}  # session -> its final row
     for row, session in enumerate(sessions):
         if session is not None and (session[0] not in finals or sessions[finals[session[0]]][1] < session[1]):
             finals[session[0]] = row
-    groups: dict = {}  # uid -> its sessions, in order of first appearance
-    for session, row in finals.items():
-        groups.setdefault(uids[row], []).append(session)
+    groups: dict = {}  # uid -> its sessions' final rows, in order of first appearance
+    for row in finals.values():
+        groups.setdefault(uids[row], []).append(row)
     members = list(groups.values())
-    step = shaper.score([[texts[finals[session]] for session in group] for group in members], started=started)
-    of_session = {session: value for group, values in zip(members, step.bonus) for session, value in zip(group, values)}
-    bonus = torch.tensor([of_session[session[0]] if session is not None else 0.0 for session in sessions])  # (B,)
+    step = shaper.score(
+        [[texts[row] for row in group] for group in members],
+        rewards=[[rewards[row] for row in group] for group in members],
+        advantages=[[advantages[row] for row in group] for group in members],
+        started=started,
+    )
+    of_final = {row: value for group, values in zip(members, step.bonus) for row, value in zip(group, values)}
+    bonus = torch.tensor([of_final[finals[session[0]]] if session is not None else 0.0 for session in sessions])  # (B,)
     return bonus, step.metrics
 
 
@@ -157,13 +275,26 @@ def decoded(tokenizer, responses, masks) -> list[str | None]:
     ]
 
 
+def row_rewards_and_advantages(scores: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
+    """Each row's reward, veRL's token-level scores summed over the response (what its GRPO sums; the scores, not
+    the rewards, so a KL penalty in the reward does not put a correct answer below min_reward), and its
+    advantage, the mean over the tokens veRL trains (one value on them for every group estimator; 0 for none).
+    scores, advantages, mask: (B, T)."""
+    trained = mask.to(advantages.dtype)
+    per_row = (advantages * trained).sum(-1) / trained.sum(-1).clamp(min=1)  # (B,)
+    return scores.sum(-1).tolist(), per_row.tolist()
+
+
 def shape_batch(data, tokenizer, shaper: SetpoShaper, started: float):
     """v0: add lambda * s_i to every response token of a DataProto whose advantages veRL has just computed.
-    Needs batch["responses"], batch["response_mask"], batch["advantages"] and non_tensor_batch["uid"]."""
+    Needs batch["responses"], batch["response_mask"], batch["token_level_scores"], batch["advantages"] and
+    non_tensor_batch["uid"]."""
     mask = data.batch["response_mask"]  # (B, T)
     texts = decoded(tokenizer, data.batch["responses"], mask)
+    rewards, advantages = row_rewards_and_advantages(data.batch["token_level_scores"], data.batch["advantages"], mask)
+    rows = range(len(texts))
     bonus, metrics = shape_sessions(
-        texts, data.non_tensor_batch["uid"].tolist(), [(row, 0) for row in range(len(texts))], shaper, started
+        texts, data.non_tensor_batch["uid"].tolist(), [(row, 0) for row in rows], rewards, advantages, shaper, started
     )
     data.batch["advantages"] = (
         data.batch["advantages"] + bonus.to(mask.device, data.batch["advantages"].dtype)[:, None] * mask
@@ -180,7 +311,7 @@ def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper, started: float) 
     fields = tq.kv_batch_get(
         keys=batch.keys,
         partition_id=batch.partition_id,
-        select_fields=["uid", "responses", "response_mask", "advantages"],
+        select_fields=["uid", "responses", "response_mask", "rm_scores", "advantages"],
     )
     nested_mask = fields["response_mask"]  # after rollout correction: a rejected row is all 0
     texts = decoded(tokenizer, fields["responses"].unbind(), nested_mask.unbind())
@@ -192,9 +323,13 @@ def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper, started: float) 
     for key, tag in zip(batch.keys, tags):
         uid, session, index = key.rsplit("_", 2)  # veRL's agent loop key {uid}_{session}_{index}
         sessions.append(None if tag.get("is_padding", False) else (f"{uid}_{session}", int(index)))
-    bonus, metrics = shape_sessions(texts, uids, sessions, shaper, started)
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
     padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
+    # v1's advantage step reads the reward model's rm_scores as veRL's token_level_scores
+    rewards, row_advantages = row_rewards_and_advantages(
+        fields["rm_scores"].to_padded_tensor(0.0), advantages, padded_mask
+    )
+    bonus, metrics = shape_sessions(texts, uids, sessions, rewards, row_advantages, shaper, started)
     shaped = advantages + bonus.to(advantages.dtype)[:, None] * padded_mask
     tq.kv_batch_put(
         keys=batch.keys,
