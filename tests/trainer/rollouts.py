@@ -25,7 +25,7 @@ from openrlhf.utils.utils import get_tokenizer
 from vllm import SamplingParams  # the test placeholder: a record of the settings
 
 from setpo_client import SetpoClient
-from setpo_trainer.eval.datasets import MATH_SUFFIX
+from setpo_trainer.eval.datasets import COUNTDOWN_TEMPLATE, MATH_SUFFIX
 from setpo_trainer.openrlhf import cli
 from setpo_trainer.openrlhf.experience_maker import SetpoExperienceMaker
 from setpo_trainer.openrlhf.rewards import path as reward_file
@@ -113,8 +113,22 @@ def rollout_samples(
     strategy, tokenizer, problems: list[tuple[str, str]], kinds: list[str], max_new_tokens: int = 64
 ) -> list:
     """One Experience per response, built by OpenRLHF exactly as from a vLLM rollout, groups consecutive."""
-    script = {prompt: responses(answer, kind) for (prompt, answer), kind in zip(problems, kinds)}
-    engine = ScriptedEngine(script)
+    groups = [responses(answer, kind) for (_, answer), kind in zip(problems, kinds)]
+    return scripted_samples(strategy, tokenizer, problems, groups, "math", max_new_tokens)
+
+
+def scripted_samples(
+    strategy,
+    tokenizer,
+    problems: list[tuple[str, str]],
+    groups: list[list[str]],
+    reward: str,
+    max_new_tokens: int = 64,
+) -> list:
+    """rollout_samples with any responses: problem i (prompt, label) is answered with groups[i], scored by this
+    reward file of setpo_trainer (math or countdown)."""
+    script = {prompt: group for (prompt, _), group in zip(problems, groups)}
+    engine = ScriptedEngine(script, reward)
     generator = SamplesGenerator(
         strategy=strategy, prompts_dataloader=None, eval_dataloader=None, tokenizer=tokenizer, vllm_engines=None
     )
@@ -132,6 +146,48 @@ def rollout_samples(
         outputs = asyncio.run(engine.generate_responses(prompt, label, params, 1024, tokenizer, num_samples=4))
         samples += [generator._process_response_into_experience(output, max_len=1024) for output in outputs]
     return samples
+
+
+# Countdown puzzles answered with several correct expressions, some the same solution written twice:
+# (numbers, target) -> responses; their rewards (countdown_reward.py: 1 right, 0.1 formatted but wrong, 0 none)
+# and countdown_expression keys are in the comments.
+COUNTDOWN = {
+    ((1, 2, 3, 4), 10): [  # 1, 1, 1, 0.1: three correct, the first two one solution
+        "I add them all: <answer> 1 + 2 + 3 + 4 </answer>",
+        "Grouping the other way round gives <answer> 4 + (3 + (1 + 2)) </answer>",
+        "Multiply first, then add: <answer> 1 * 2 * 3 + 4 </answer>",
+        "Maybe <answer> 1 + 2 * 3 * 4 </answer>",
+    ],
+    ((4, 3, 2, 1), 10): [  # 1, 1, 1, 1: four solutions, all different
+        "<answer> 4 * 3 - 2 * 1 </answer>",
+        "Two products: <answer> 2 * 3 + 4 * 1 </answer>",
+        "Twelve minus two: <answer> 4 * 3 - 2 / 1 </answer>",
+        "A sum: <answer> 4 + 3 + 2 + 1 </answer>",
+    ],
+    ((2, 3, 5), 11): [  # 1, 1, 0.1, 0: two correct, too few to score among themselves
+        "<answer> 2 * 3 + 5 </answer>",
+        "Five plus six: <answer> 5 + 3 * 2 </answer>",
+        "Summing: <answer> 2 + 3 + 5 </answer>",
+        "I am not sure how to reach it.",
+    ],
+    ((6, 7, 8), 5): [  # 0.1, 0, 0.1, 0: none correct
+        "<answer> 6 + 7 + 8 </answer>",
+        "No idea.",
+        "<answer> 8 - 7 + 6 </answer>",
+        "Let me think, but I stop here.",
+    ],
+}
+
+
+def countdown_problems() -> list[tuple[str, str]]:
+    """COUNTDOWN's puzzles as OpenRLHF prompts and labels, as setpo_trainer.openrlhf.data writes them."""
+    return [
+        (
+            COUNTDOWN_TEMPLATE.format(numbers=list(numbers), target=target),
+            json.dumps({"numbers": numbers, "target": target}),
+        )
+        for numbers, target in COUNTDOWN
+    ]
 
 
 def after_model_forward(experiences: list, kl_scale: float = 0.0, seed: int = 0) -> list:
@@ -219,6 +275,31 @@ SETTINGS = {
         "0.1",
     ],
 }
+
+
+# every knob of the diversity policy away from its default (the paper's form)
+DIVERSITY_POLICY = [
+    "--setpo.min_reward",
+    "1.0",
+    "--setpo.key",
+    "countdown_expression",
+    "--setpo.kernel",
+    "hybrid",
+    "--setpo.normalize",
+    "zscore",
+    "--setpo.target_ratio",
+    "0.3",
+    "--setpo.min_weight",
+    "0.01",
+    "--setpo.max_weight",
+    "2",
+    "--setpo.weight_ema",
+    "0.5",
+    "--setpo.warmup_steps",
+    "3",
+    "--setpo.freeze_after",
+    "100",
+]
 
 
 def makers(tiny_model: str, url: str, *flags: str):

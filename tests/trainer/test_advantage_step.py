@@ -25,9 +25,11 @@ def test_advantage_is_openrlhfs_plus_weight_times_service_marginals(setting, tin
     shaped = setpo.compute_advantages_and_returns(copy.deepcopy(experiences))
 
     groups = [responses(answer, kind) for (_, answer), kind in zip(problems, KINDS)]
+    given = {index: reward for e in base for index, reward in zip(e.index, e.rewards.tolist())}  # OpenRLHF's
+    sent = [{"texts": group, "rewards": [given[4 * g + j] for j in range(4)]} for g, group in enumerate(groups)]
     assert wire.sent == [
-        {"groups": [{"texts": group} for group in groups], "weight": setpo.setpo.weight}
-    ]  # one request, every group
+        {"groups": sent, "weight": setpo.setpo.weight, "kernel": "embedding", "normalize": "none"}
+    ]  # one request, every group, each row's reward in its place (contract v1.1's fields at the paper's values)
     marginals = [
         s for result in client.diversity([{"texts": group} for group in groups]).groups for s in result.marginals
     ]
@@ -77,6 +79,11 @@ def test_the_actors_loss_batches_carry_the_shaped_advantages_and_the_metrics(tin
         "setpo/duplicate_share",
         "setpo/fallback_steps",
         "setpo/time_s",
+        "setpo/bonus_rms",
+        "setpo/advantage_rms",  # only when the experience maker hands SetpoShaper the advantages
+        "setpo/bonus_ratio",
+        "setpo/scored_groups",
+        "setpo/scored_share",
     } <= batch.info.keys()
 
 

@@ -12,6 +12,7 @@ import ray
 from setpo_server.local import LocalServer, free_port
 from setpo_trainer.openrlhf import cli, ray_hook
 from tests.trainer.conftest import PLACEHOLDERS
+from tests.trainer.rollouts import DIVERSITY_POLICY, train_args
 
 RECIPES = Path(__file__).parents[2] / "services" / "trainer" / "recipes"
 BIN = Path(sys.executable).parent
@@ -57,6 +58,16 @@ def test_help_lists_every_openrlhf_flag_and_ours(capsys):
         "--setpo.max_chars",
         "--setpo.check_only",
         "--setpo.ready_timeout",
+        "--setpo.min_reward",
+        "--setpo.key",
+        "--setpo.kernel",
+        "--setpo.normalize",
+        "--setpo.target_ratio",
+        "--setpo.min_weight",
+        "--setpo.max_weight",
+        "--setpo.weight_ema",
+        "--setpo.warmup_steps",
+        "--setpo.freeze_after",
     ):
         assert ours in shown
 
@@ -82,6 +93,80 @@ def test_help_lists_every_openrlhf_flag_and_ours(capsys):
     ],
 )
 def test_bad_values_fail_with_a_message_naming_them(flags, message, capsys, tiny_model, server):
+    assert message in error_of(capsys, base_flags(tiny_model, server.url) + flags)
+
+
+def test_diversity_policy_flags_reach_the_trainer_args_through_openrlhfs_hierarchize(tiny_model, server):
+    paper = train_args(*base_flags(tiny_model, server.url)).setpo
+    assert (paper.min_reward, paper.key, paper.kernel, paper.normalize, paper.target_ratio) == (
+        None,
+        None,
+        "embedding",
+        "none",
+        None,
+    )  # the paper's form: the whole group, embeddings, raw marginals, a fixed lambda
+    assert (paper.min_weight, paper.max_weight, paper.weight_ema, paper.warmup_steps, paper.freeze_after) == (
+        1e-3,
+        10.0,
+        0.9,
+        0,
+        None,
+    )  # WeightController's own defaults
+    scoped = train_args(*base_flags(tiny_model, server.url), *DIVERSITY_POLICY).setpo
+    assert vars(scoped) == vars(paper) | {
+        "min_reward": 1.0,
+        "key": "countdown_expression",
+        "kernel": "hybrid",
+        "normalize": "zscore",
+        "target_ratio": 0.3,
+        "min_weight": 0.01,
+        "max_weight": 2.0,
+        "weight_ema": 0.5,
+        "warmup_steps": 3,
+        "freeze_after": 100,
+    }
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--setpo.key", "no_such_key"], "--setpo.key no_such_key: key function 'no_such_key': give one of"),
+        (["--setpo.key", "os:no_such_function"], "--setpo.key os:no_such_function: key function"),
+        (["--setpo.key", "os:sep"], "--setpo.key os:sep: key function 'os:sep' is not callable"),
+        (["--setpo.kernel", "hybrid"], "--setpo.kernel hybrid compares solution keys: pass --setpo.key"),
+        (["--setpo.kernel", "key"], "--setpo.kernel key compares solution keys: pass --setpo.key"),
+        (["--setpo.key", "countdown_expression"], "--setpo.key is used by --setpo.kernel hybrid or key"),
+        (["--setpo.kernel", "cosine"], "argument --setpo.kernel: invalid choice: 'cosine'"),
+        (["--setpo.normalize", "l2"], "argument --setpo.normalize: invalid choice: 'l2'"),
+        (["--setpo.min_reward", "nan"], "--setpo.min_reward must be a finite number, got nan"),
+        (["--setpo.min_reward", "inf"], "--setpo.min_reward must be a finite number, got inf"),
+        (["--setpo.target_ratio", "0"], "argument --setpo.target_ratio: must be > 0, got 0"),
+        (["--setpo.target_ratio", "-0.3"], "argument --setpo.target_ratio: must be > 0, got -0.3"),
+        (["--setpo.target_ratio", "nan"], "argument --setpo.target_ratio: must be > 0, got nan"),
+        (["--setpo.target_ratio", "inf"], "argument --setpo.target_ratio: must be finite, got inf"),
+        (["--setpo.target_ratio", "0.3", "--setpo.min_weight", "0"], "argument --setpo.min_weight: must be > 0"),
+        (["--setpo.target_ratio", "0.3", "--setpo.max_weight", "-1"], "argument --setpo.max_weight: must be > 0"),
+        (
+            ["--setpo.target_ratio", "0.3", "--setpo.min_weight", "2", "--setpo.max_weight", "1"],
+            "--setpo.min_weight 2.0 is above --setpo.max_weight 1.0",
+        ),
+        (["--setpo.target_ratio", "0.3", "--setpo.weight_ema", "1"], "--setpo.weight_ema must be in [0, 1), got 1.0"),
+        (["--setpo.target_ratio", "0.3", "--setpo.weight_ema", "-0.1"], "--setpo.weight_ema must be in [0, 1)"),
+        (["--setpo.target_ratio", "0.3", "--setpo.warmup_steps", "-1"], "argument --setpo.warmup_steps: must be >= 0"),
+        (["--setpo.target_ratio", "0.3", "--setpo.freeze_after", "-1"], "argument --setpo.freeze_after: must be >= 0"),
+        (["--setpo.target_ratio", "0.3", "--setpo.warmup_steps", "1.5"], "argument --setpo.warmup_steps: invalid"),
+        (
+            ["--setpo.max_weight", "2", "--setpo.warmup_steps", "5"],
+            "--setpo.max_weight, --setpo.warmup_steps steer lambda: they need --setpo.target_ratio",
+        ),
+        (
+            ["--setpo.target_ratio", "0.3", "--setpo.weight", "0"],
+            "--setpo.target_ratio steers lambda from --setpo.weight, the first step's lambda: it must be > 0",
+        ),
+        (["--setpo.timeout", "inf"], "argument --setpo.timeout: must be finite, got inf"),
+    ],
+)
+def test_bad_diversity_policy_values_are_refused_naming_their_flag(flags, message, capsys, tiny_model, server):
     assert message in error_of(capsys, base_flags(tiny_model, server.url) + flags)
 
 
@@ -190,9 +275,54 @@ def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, serve
     run = run_recipe(recipe, env, "--setpo.check_only")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "the arguments check out" in run.stdout and f"at {server.url}" in run.stdout
+    assert PAPER_FORM in run.stdout  # unless the environment asks for more
 
     run = run_recipe(recipe, {**env, "SETPO_URL": None})
     assert run.returncode == 2 and f"{recipe[:-3]}: set SETPO_URL" in run.stderr
+
+
+PAPER_FORM = (
+    "setpo-train: diversity policy: min_reward=None key=None kernel=embedding normalize=none target_ratio=None "
+    "min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
+)
+SCOPED_FORM = {
+    "SETPO_MIN_REWARD": "1.0",
+    "SETPO_KEY": "countdown_expression",
+    "SETPO_KERNEL": "hybrid",
+    "SETPO_NORMALIZE": "zscore",
+    "SETPO_TARGET_RATIO": "0.3",
+    "SETPO_MIN_WEIGHT": "0.01",
+    "SETPO_MAX_WEIGHT": "2",
+    "SETPO_WEIGHT_EMA": "0.5",
+    "SETPO_WARMUP_STEPS": "3",
+    "SETPO_FREEZE_AFTER": "100",
+}
+
+
+@pytest.mark.parametrize("recipe", RECIPE_ENV)
+def test_recipes_take_the_diversity_policy_from_the_environment(recipe, tiny_model, server, tmp_path):
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    run = run_recipe(recipe, {**env, **RECIPE_ENV[recipe], **SCOPED_FORM}, "--setpo.check_only")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert (
+        "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore "
+        "target_ratio=0.3 min_weight=0.01 max_weight=2.0 weight_ema=0.5 warmup_steps=3 freeze_after=100"
+    ) in run.stdout
+    assert "the arguments check out" in run.stdout
+
+
+def test_an_empty_variable_passes_no_flag_and_an_argument_wins(tiny_model, server, tmp_path):
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    policy = {"SETPO_KERNEL": "", "SETPO_NORMALIZE": "zscore"}  # an empty kernel would be an invalid choice
+    run = run_recipe("grpo_gsm8k.sh", {**env, **policy}, "--setpo.normalize", "none", "--setpo.check_only")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert PAPER_FORM in run.stdout
+
+
+def test_a_recipes_diversity_policy_is_checked_like_its_flags(tiny_model, server, tmp_path):
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    run = run_recipe("countdown_grpo.sh", {**env, **RECIPE_ENV["countdown_grpo.sh"], "SETPO_KERNEL": "hybrid"})
+    assert run.returncode == 2 and "--setpo.kernel hybrid compares solution keys: pass --setpo.key" in run.stderr
 
 
 def test_countdown_recipe_needs_its_grid_values(tiny_model, server, tmp_path):

@@ -7,6 +7,15 @@
 #   NODES, GPUS_PER_NODE   the Ray cluster's GPU nodes            (default: 1 x 8)
 #   WANDB_API_KEY          log to Weights & Biases too            (optional; read from the environment only)
 #   SETPO_API_KEY          the service's key                      (optional; read from the environment only)
+# The diversity policy, each variable one --setpo.* flag (optional; unset or empty: the flag is not passed and
+# setpo-train's default holds, the paper's form). docs/diversity.md says how to choose them:
+#   SETPO_MIN_REWARD    --setpo.min_reward     score only responses with this reward or more (1.0: correct)
+#   SETPO_KEY           --setpo.key            solution key function: countdown_expression or package.module:function
+#   SETPO_KERNEL        --setpo.kernel         embedding | hybrid | key
+#   SETPO_NORMALIZE     --setpo.normalize      none | zscore
+#   SETPO_TARGET_RATIO  --setpo.target_ratio   steer lambda to RMS(bonus) / RMS(advantage); the recipe's lambda starts it
+#   SETPO_MIN_WEIGHT, SETPO_MAX_WEIGHT, SETPO_WEIGHT_EMA, SETPO_WARMUP_STEPS, SETPO_FREEZE_AFTER
+#                       --setpo.min_weight, ... the controller's bounds, averaging, warm-up and freeze
 # Any argument given to a recipe is passed on to setpo-train after the recipe's own flags, so it wins.
 set -euo pipefail
 
@@ -30,6 +39,16 @@ require MODEL_PATH DATA_PATH SETPO_URL
 SAVE_PATH=${SAVE_PATH:-./ckpt/$RECIPE}
 NODES=${NODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+
+# The diversity policy from the environment, as flags placed after the recipe's --setpo.weight and before the
+# recipe's own arguments (so an argument still wins). setpo-train checks the values, as it checks its flags.
+POLICY_FLAGS=()
+for name in min_reward key kernel normalize target_ratio min_weight max_weight weight_ema warmup_steps freeze_after; do
+    variable=SETPO_${name^^}
+    if [ -n "${!variable:-}" ]; then
+        POLICY_FLAGS+=("--setpo.$name" "${!variable}")
+    fi
+done
 
 # Where things run, for every recipe: actor and reference share the GPUs with the vLLM engines (colocate_all,
 # sleep modes), DeepSpeed ZeRO-3 in bf16, packed samples. VLLM_TP: GPUs per vLLM engine.

@@ -30,5 +30,5 @@ exec setpo-train "${CLUSTER_FLAGS[@]}" \
     --actor.adam.lr 1e-6 --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
     --actor.eps_clip 0.2 \
     --algo.kl.init_coef "$KL" --algo.kl.use_loss --algo.kl.estimator k3 \
-    --setpo.url "$SETPO_URL" --setpo.weight 0.5 \
+    --setpo.url "$SETPO_URL" --setpo.weight 0.5 "${POLICY_FLAGS[@]}" \
     "$@"

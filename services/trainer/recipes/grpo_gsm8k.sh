@@ -20,5 +20,5 @@ exec setpo-train "${CLUSTER_FLAGS[@]}" \
     --actor.adam.lr 3e-6 --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
     --actor.eps_clip 0.2 \
     --algo.kl.init_coef 1e-4 --algo.kl.use_loss --algo.kl.estimator k3 \
-    --setpo.url "$SETPO_URL" --setpo.weight 0.05 \
+    --setpo.url "$SETPO_URL" --setpo.weight 0.05 "${POLICY_FLAGS[@]}" \
     "$@"

@@ -19,5 +19,5 @@ exec setpo-train "${CLUSTER_FLAGS[@]}" \
     --actor.adam.lr 1e-6 --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
     --actor.eps_clip_low_high 3e-4 4e-4 \
     --algo.kl.init_coef 1e-4 --algo.kl.use_loss --algo.kl.estimator k3 \
-    --setpo.url "$SETPO_URL" --setpo.weight 0.1 \
+    --setpo.url "$SETPO_URL" --setpo.weight 0.1 "${POLICY_FLAGS[@]}" \
     "$@"

@@ -24,5 +24,5 @@ exec setpo-train "${CLUSTER_FLAGS[@]}" --ds.adam_offload \
     --actor.adam.lr 1e-6 --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
     --actor.eps_clip 0.2 \
     --algo.kl.init_coef 1e-3 --algo.kl.use_loss --algo.kl.estimator k3 \
-    --setpo.url "$SETPO_URL" --setpo.weight 0.1 \
+    --setpo.url "$SETPO_URL" --setpo.weight 0.1 "${POLICY_FLAGS[@]}" \
     "$@"

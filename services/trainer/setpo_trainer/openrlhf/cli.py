@@ -17,6 +17,7 @@ How it plugs in, without a copy of OpenRLHF's code:
 import argparse
 import contextlib
 import importlib.metadata
+import math
 import os
 import runpy
 import sys
@@ -25,13 +26,30 @@ from typing import Any
 from unittest import mock
 
 from setpo_client import SetpoClient, SetpoError
-from setpo_client.shaping import SetpoShaper
+from setpo_client.keys import load_key
+from setpo_client.shaping import KERNELS, NORMALIZATIONS, SetpoShaper
 from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 # Estimators that compare a prompt's samples with each other: SetPO's bonus is defined on those groups.
 GROUP_ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
 TESTED_OPENRLHF = "0.11."
+# WeightController's knobs: refused without --setpo.target_ratio, which they steer
+CONTROLLER_FLAGS = (
+    "setpo.min_weight",
+    "setpo.max_weight",
+    "setpo.weight_ema",
+    "setpo.warmup_steps",
+    "setpo.freeze_after",
+)
+POLICY_FLAGS = (
+    "setpo.min_reward",
+    "setpo.key",
+    "setpo.kernel",
+    "setpo.normalize",
+    "setpo.target_ratio",
+    *CONTROLLER_FLAGS,
+)
 # OpenRLHF turns W&B on when --logger.wandb.key is set; with this value W&B reads WANDB_API_KEY itself
 WANDB_FROM_ENVIRONMENT = "env"
 
@@ -80,24 +98,28 @@ def openrlhf_parser() -> argparse.ArgumentParser:
 
 
 def positive(kind: type) -> Callable[[str], Any]:
-    """argparse type: a number of this kind, > 0."""
+    """argparse type: a finite number of this kind, > 0."""
 
     def parse(text: str):
         value = kind(text)
-        if value <= 0:
+        if not value > 0:  # also refuses nan
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if value == math.inf:
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
         return value
 
     return parse
 
 
 def non_negative(kind: type) -> Callable[[str], Any]:
-    """argparse type: a number of this kind, >= 0."""
+    """argparse type: a finite number of this kind, >= 0."""
 
     def parse(text: str):
         value = kind(text)
         if not value >= 0:  # also refuses nan
             raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        if value == math.inf:
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
         return value
 
     return parse
@@ -162,6 +184,78 @@ def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
         "max tokens, which the service would cut to anyway. Texts are also cut, by UTF-8 bytes, to "
         "the service's SETPO_MAX_TEXT_CHARS and request body limit",
     )
+    # The diversity policy (contract v1.1; docs/diversity.md says how to choose it). Defaults: the paper's form.
+    setpo.add_argument(
+        "--setpo.min_reward",
+        metavar="REWARD",
+        type=float,
+        default=None,
+        help="score only the responses whose reward (OpenRLHF's, after its length penalties) reaches it, among "
+        "themselves; the others get bonus 0, and so does a group with fewer than 3 (default: the whole group)",
+    )
+    setpo.add_argument(
+        "--setpo.key",
+        metavar="NAME",
+        default=None,
+        help="solution key function for --setpo.kernel hybrid or key: a name (countdown_expression) or "
+        "package.module:function, text -> key or None",
+    )
+    setpo.add_argument(
+        "--setpo.kernel",
+        choices=KERNELS,
+        default="embedding",
+        help="embedding: cosine of the embeddings (the paper); hybrid: equal keys count as identical, the rest "
+        "by embedding; key: equal keys 1, else 0, nothing embedded",
+    )
+    setpo.add_argument(
+        "--setpo.normalize",
+        choices=NORMALIZATIONS,
+        default="none",
+        help="none: the raw marginals (the paper); zscore: standardised over the scored responses of each group",
+    )
+    setpo.add_argument(
+        "--setpo.target_ratio",
+        metavar="RATIO",
+        type=positive(float),
+        default=None,
+        help="steer lambda so that RMS(bonus) / RMS(advantage) over a step is this; --setpo.weight is then the "
+        "first step's lambda (default: lambda fixed at --setpo.weight)",
+    )
+    setpo.add_argument(
+        "--setpo.min_weight",
+        metavar="LAMBDA",
+        type=positive(float),
+        default=1e-3,
+        help="with --setpo.target_ratio: the smallest lambda",
+    )
+    setpo.add_argument(
+        "--setpo.max_weight",
+        metavar="LAMBDA",
+        type=positive(float),
+        default=10.0,
+        help="with --setpo.target_ratio: the largest lambda",
+    )
+    setpo.add_argument(
+        "--setpo.weight_ema",
+        metavar="EMA",
+        type=float,
+        default=0.9,
+        help="with --setpo.target_ratio: weight of the past in lambda's moving average, in [0, 1)",
+    )
+    setpo.add_argument(
+        "--setpo.warmup_steps",
+        metavar="STEPS",
+        type=non_negative(int),
+        default=0,
+        help="with --setpo.target_ratio: steps over which the target ramps up linearly from target / STEPS",
+    )
+    setpo.add_argument(
+        "--setpo.freeze_after",
+        metavar="STEPS",
+        type=non_negative(int),
+        default=None,
+        help="with --setpo.target_ratio: lambda stops moving after this many steps (default: never)",
+    )
     setpo.add_argument(
         "--setpo.check_only",
         action="store_true",
@@ -195,6 +289,7 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         )
     if wandb_key == WANDB_FROM_ENVIRONMENT and not os.environ.get("WANDB_API_KEY"):
         parser.error(f"--logger.wandb.key {WANDB_FROM_ENVIRONMENT} needs WANDB_API_KEY in the environment")
+    check_diversity_policy(parser, options)
     if weight == 0:
         return  # SetPO off: plain OpenRLHF, no service needed
     check_openrlhf()
@@ -234,6 +329,41 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         f"{info.limits.max_groups} groups and {info.limits.max_body_bytes} bytes a request)",
         flush=True,
     )
+    policy = " ".join(f"{flag.removeprefix('setpo.')}={options[flag]}" for flag in POLICY_FLAGS)
+    print(f"setpo-train: diversity policy: {policy}", flush=True)
+
+
+def check_diversity_policy(parser: argparse.ArgumentParser, options: dict) -> None:
+    """The --setpo.* diversity policy: values SetpoShaper and WeightController take, and nothing set that would
+    be silently unused. The key function is loaded here too, so a typo stops before Ray starts."""
+    min_reward, key, kernel = options["setpo.min_reward"], options["setpo.key"], options["setpo.kernel"]
+    if min_reward is not None and not math.isfinite(min_reward):
+        parser.error(f"--setpo.min_reward must be a finite number, got {min_reward}")
+    if key is not None:
+        try:
+            load_key(key)
+        except ValueError as exc:
+            parser.error(f"--setpo.key {key}: {exc}")
+        if kernel == "embedding":
+            parser.error("--setpo.key is used by --setpo.kernel hybrid or key only: pass one, or drop --setpo.key")
+    elif kernel != "embedding":
+        parser.error(f"--setpo.kernel {kernel} compares solution keys: pass --setpo.key (e.g. countdown_expression)")
+    if options["setpo.target_ratio"] is None:
+        steering = [f"--{flag}" for flag in CONTROLLER_FLAGS if options[flag] != parser.get_default(flag)]
+        if steering:
+            parser.error(f"{', '.join(steering)} steer lambda: they need --setpo.target_ratio")
+        return
+    if options["setpo.weight"] == 0:
+        parser.error(
+            "--setpo.target_ratio steers lambda from --setpo.weight, the first step's lambda: it must be > 0 "
+            "(--setpo.weight 0 turns SetPO off: drop --setpo.target_ratio for the baseline)"
+        )
+    if options["setpo.min_weight"] > options["setpo.max_weight"]:
+        parser.error(
+            f"--setpo.min_weight {options['setpo.min_weight']} is above --setpo.max_weight {options['setpo.max_weight']}"
+        )
+    if not 0 <= options["setpo.weight_ema"] < 1:
+        parser.error(f"--setpo.weight_ema must be in [0, 1), got {options['setpo.weight_ema']}")
 
 
 def check_openrlhf() -> None:

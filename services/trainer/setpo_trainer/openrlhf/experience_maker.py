@@ -2,10 +2,12 @@
 
 OpenRLHF computes rewards, the group advantages (group_norm for GRPO, GSPO and DAPO; also dr_grpo, rloo,
 reinforce_baseline) and per-token advantages as it always does. Then, for the rollout batch as a whole:
-decode every response with the trainer's tokenizer, send all groups in ONE request to the setpo service
-(through SetpoShaper: bonus = lambda * s_i, fault policy, metrics), and add lambda * s_i to every response
-token of response i. Prompt and padding positions (action_mask = 0) are left untouched, so the policy loss
-(PPO clip, clip-higher, or GSPO's sequence ratio) sees exactly A^_i = A_i + lambda * s_i.
+decode every response with the trainer's tokenizer and hand every group's texts, with each response's reward
+and advantage, to SetpoShaper (the --setpo.* diversity policy, fitting the step into requests, fault policy,
+lambda fixed or steered, metrics); add the bonus the service answers for response i (lambda * s_i, scoped and
+normalised as the policy says) to every response token of response i. Prompt and padding positions
+(action_mask = 0) are left untouched, so the policy loss (PPO clip, clip-higher, or GSPO's sequence ratio)
+sees exactly A^_i = A_i + bonus_i.
 
 The step's SetPO metrics ride in `experience.info` as one value per sample: OpenRLHF's actor averages info
 over the batch and its trainer sends the result to W&B / TensorBoard as `train/setpo/...`, every step.
@@ -19,7 +21,9 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.utils.logging_utils import init_logger
 
 from setpo_client.client import DEFAULT_URL, SetpoClient
+from setpo_client.keys import load_key
 from setpo_client.shaping import SetpoShaper
+from setpo_client.weight import WeightController
 
 logger = init_logger(__name__)
 
@@ -33,10 +37,34 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         client = SetpoClient(
             setpo.url or DEFAULT_URL, timeout=setpo.timeout, max_retries=setpo.max_retries
         )  # key: $SETPO_API_KEY
-        self.setpo = SetpoShaper(client, setpo.weight, setpo.on_error, setpo.max_chars)
+        controller = (
+            WeightController(
+                setpo.target_ratio,
+                setpo.min_weight,
+                setpo.max_weight,
+                setpo.weight_ema,
+                setpo.warmup_steps,
+                setpo.freeze_after,
+            )
+            if setpo.target_ratio is not None
+            else None
+        )
+        self.setpo = SetpoShaper(
+            client,
+            setpo.weight,
+            setpo.on_error,
+            setpo.max_chars,
+            min_reward=setpo.min_reward,
+            key=load_key(setpo.key) if setpo.key is not None else None,  # loaded by name here, in the trainer actor
+            kernel=setpo.kernel,
+            normalize=setpo.normalize,
+            controller=controller,
+        )
         self.setpo_embed = setpo.embed
         logger.info(
-            f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, on_error={setpo.on_error})"
+            f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, "
+            f"on_error={setpo.on_error}, min_reward={setpo.min_reward}, key={setpo.key}, kernel={setpo.kernel}, "
+            f"normalize={setpo.normalize}, target_ratio={setpo.target_ratio})"
         )
 
     @torch.no_grad()
@@ -48,8 +76,13 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         # experience.index holds each row's place in the rollout batch, where a prompt's n samples are
         # consecutive (OpenRLHF's group_norm reshapes them the same way). Dynamic filtering has already
         # dropped whole groups before this point, so only kept groups are here and sent.
-        texts: list[str] = [""] * sum(len(experience.index) for experience in experiences)
+        total = sum(len(experience.index) for experience in experiences)
+        texts, rewards, advantages = [""] * total, [0.0] * total, [0.0] * total
         for experience in experiences:
+            mask = experience.action_mask.float()  # (B, A)
+            # a row's advantage as one number (for the weight controller and setpo/bonus_ratio): its mean over
+            # the response tokens; constant per row for group_norm unless the KL is in the reward
+            row_advantages = (experience.advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
             for row, index in enumerate(experience.index):
                 if self.setpo_embed == "response":
                     # action_mask[t] marks sequences[t + 1]: the response tokens (several spans for agents)
@@ -57,9 +90,18 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
                 else:  # prompt_response: the whole trajectory as the policy saw it, without padding
                     tokens = experience.sequences[row][experience.attention_mask[row].bool()]
                 texts[index] = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        step = self.setpo.score([texts[i : i + n] for i in range(0, len(texts), n)], started=start)
+                # the reward OpenRLHF's group step used: the reward function's, after its length penalties
+                rewards[index] = experience.rewards[row].item()
+                advantages[index] = row_advantages[row].item()
+        starts = range(0, total, n)  # each group's first row
+        step = self.setpo.score(
+            [texts[i : i + n] for i in starts],
+            rewards=[rewards[i : i + n] for i in starts],
+            advantages=[advantages[i : i + n] for i in starts],
+            started=start,
+        )
 
-        bonus = torch.tensor([b for group in step.bonus for b in group])  # (rollout rows,) lambda * s_i
+        bonus = torch.tensor([b for group in step.bonus for b in group])  # (rollout rows,) the service's bonus
         for experience in experiences:
             row_bonus = bonus[experience.index].to(experience.advantages.dtype)  # (B,)
             # (B, A): response tokens get the bonus; prompt and padding positions get 0
