@@ -19,7 +19,7 @@ def section(text: str, heading: str) -> str:
 
 def test_service_page_lists_every_setting_with_its_default():
     settings = section(SERVICE_PAGE.read_text(), "Settings")  # the service's own table, not the deployment one
-    rows = dict(re.findall(r"^\| `SETPO_([A-Z_]+)` \| ([^|]+) \|", settings, re.MULTILINE))
+    rows = dict(re.findall(r"^\| `SETPO_([A-Z0-9_]+)` \| ([^|]+) \|", settings, re.MULTILINE))
     documented = {name.lower(): default.strip() for name, default in rows.items()}
     assert set(documented) == set(Settings.model_fields)
     for name, field in Settings.model_fields.items():

@@ -25,7 +25,7 @@ NEWER_SERVER_FIELDS = {
         "write_timeout",
         "max_response_bytes",
     },
-    "Info": {"threads", "truncate_chars", "contract"},
+    "Info": {"threads", "truncate_chars", "contract", "dtype_reason"},
 }
 Kernel = Literal["embedding", "hybrid", "key"]
 Normalize = Literal["none", "zscore"]
@@ -163,6 +163,7 @@ class Info(_Response):
     threads: int | None = None  # newer servers only
     contract: str | None = None  # newer servers only: the HTTP contract version ("1.1"); None from a v1 server
     truncate_chars: int | None = None  # newer servers only: characters of each text the server keeps
+    dtype_reason: str | None = None  # newer servers only: why this dtype (SETPO_DTYPE as set, or auto's measurement)
 
 
 class ErrorDetail(_Response):

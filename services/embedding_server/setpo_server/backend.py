@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from setpo_server.precision import choose_cpu_dtype, native_bf16_flag
 from setpo_server.settings import Settings
 
 log = logging.getLogger("setpo_server")
@@ -65,9 +66,16 @@ class Backend:
         else:
             self.name = settings.model
         self.device = resolve_device(settings.device)
-        self.dtype = resolve_dtype(settings.dtype, self.device)
+        self.dtype = resolve_dtype(settings.dtype, self.device)  # auto on CPU: float32, then measured below
         self.model = SentenceTransformer(self.model_path, device=self.device, model_kwargs={"dtype": self.dtype})
         self.model.eval()
+        chosen = str(self.dtype).removeprefix("torch.")
+        self.dtype_reason = (
+            f"SETPO_DTYPE={settings.dtype}" if settings.dtype != "auto" else f"auto: {chosen} on {self.device}"
+        )
+        if settings.dtype == "auto" and self.device == "cpu":
+            decision, self.model = choose_cpu_dtype(self.model, native_bf16_flag(), settings.bf16_min_cosine)
+            self.dtype, self.dtype_reason = decision.dtype, decision.reason
         self.created = int(time.time())  # OpenAI's `created` of the served model (GET /v1/models)
         if settings.compile:
             import torch._inductor.config
@@ -103,7 +111,7 @@ class Backend:
             "loaded %s on %s (%s%s): dim %d, max %d tokens",
             self.name,
             self.device,
-            self.dtype,
+            self.dtype_reason,
             ", compiling during the warm-up" if settings.compile else "",
             self.dimension,
             self.max_tokens,

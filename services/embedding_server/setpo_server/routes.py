@@ -209,6 +209,7 @@ async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> I
         max_tokens=backend.max_tokens,
         device=backend.device,
         dtype=str(backend.dtype).removeprefix("torch."),
+        dtype_reason=backend.dtype_reason,
         compiled=settings.compile,
         threads=request.app.state.threads,
         truncate_chars=backend.max_chars,

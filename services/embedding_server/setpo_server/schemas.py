@@ -212,6 +212,10 @@ class Info(BaseModel):
     max_tokens: int
     device: str
     dtype: str
+    dtype_reason: str = Field(
+        description="Why this dtype: SETPO_DTYPE=... as set, or auto's decision (on CPU with its measured speed-up "
+        "and worst cosine to float32, e.g. 'auto: bfloat16 (native amx_bf16, 2.9x, min cos 0.99996)')."
+    )
     compiled: bool = Field(description="SETPO_COMPILE: the model runs through torch.compile")
     threads: int = Field(description="Threads torch, OpenMP and the tokenizer use (SETPO_THREADS, else the CPU quota).")
     truncate_chars: int = Field(description="Characters of each text kept before tokenising (10 per model token).")

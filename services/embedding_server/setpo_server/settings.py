@@ -37,9 +37,11 @@ class Settings(BaseSettings):
     """auto = cuda when present, else cpu; or any torch device string (cuda:1)."""
     # On a CPU with AMX (lscpu: amx_bf16) bfloat16 serves 2.2-3x faster, with LOO marginals within 5e-4 of float32
     # (docs/benchmarks.md section 9), on AMD Zen 4 1.6-1.7x (section 10); on an Intel CPU with avx512_bf16 but no
-    # AMX it was slower (section 7).
+    # AMX it was slower (section 7): so auto measures (precision.py).
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    """auto = float16 on CUDA, float32 on CPU."""
+    """auto = float16 on CUDA; on CPU bfloat16 where the CPU runs it natively and a probe at start measures it faster and within bf16-min-cosine of float32, else float32 (/info says which and why)."""
+    bf16_min_cosine: Annotated[float, Field(gt=0, le=1)] = 0.9995
+    """auto on CPU: bfloat16 is kept only if every probe embedding is within this cosine of float32's."""
     truncation_side: Literal["right", "left"] = "right"
     """Which end of an over-long text is cut."""
     # +0-12 % throughput on the 2-core CPU (docs/benchmarks.md section 8), 17-53 s more at start.

@@ -1,0 +1,88 @@
+"""SETPO_DTYPE=auto on CPU: bfloat16 only where the CPU runs it natively, it is measured faster on this machine,
+and its embeddings stay within SETPO_BF16_MIN_COSINE of float32's (docs/benchmarks.md, issue 29's sections).
+
+A CPU flag alone does not decide: on an Intel CPU with avx512_bf16 but no AMX bfloat16 served slower than float32,
+and without either flag torch emulates it, slower still. So the backend, at start, before /ready, embeds a fixed
+probe set in both precisions and keeps the other one only when it wins on both counts.
+"""
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer  # heavy: the backend imports it off the event loop
+
+NATIVE_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 matrix instructions
+MIN_SPEEDUP = 1.2  # below this the gain is within this VM's drift; float32 is the safer of two equals
+ROUNDS = 3  # interleaved timing rounds per precision; the fastest of each counts
+# What SetPO embeds: short Countdown answers, GSM8K-style reasoning, and one long text, so that the timing covers
+# the batch shapes requests bring and the cosine check covers short and long inputs.
+PROBE = [
+    *(
+        f"plan : add {a} and {b} , then multiply by {c} . <answer> ( {a} + {b} ) * {c} </answer>"
+        for a, b, c in [(3, 5, 2), (7, 1, 4), (12, 6, 3), (9, 9, 2), (4, 17, 5), (8, 2, 11), (6, 13, 7), (15, 3, 4)]
+    ),
+    *(
+        f"Natalia sold {n} clips in April and half as many in May. In May she sold {n} / 2 = {n // 2} clips, "
+        f"so altogether she sold {n} + {n // 2} = {n + n // 2} clips. The answer is {n + n // 2}."
+        for n in (48, 36, 52, 60, 18, 24, 90, 72)
+    ),
+    *(
+        f"Step {i}: the train leaves at {i} o'clock and travels {10 * i} km at {5 * i} km/h, so it arrives "
+        "2 hours later; adding the {i} minute stop, the whole trip takes two hours and {i} minutes."
+        for i in range(1, 9)
+    ),
+    " ".join(f"Then we check case {i} and find that it holds because both sides equal {i * i}." for i in range(40)),
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    dtype: torch.dtype
+    reason: str  # what /info and the start-up log say, e.g. "auto: bfloat16 (native amx_bf16), 2.9x, min cos 0.99996"
+    speedup: float | None = None  # float32 time / bfloat16 time on the probe; None when not measured
+    min_cosine: float | None = None
+
+
+def native_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first of NATIVE_FLAGS this CPU reports, or None (also where /proc/cpuinfo cannot be read)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    flags = {word for line in text.splitlines() if line.startswith("flags") for word in line.split(":", 1)[1].split()}
+    return next((flag for flag in NATIVE_FLAGS if flag in flags), None)
+
+
+def choose_cpu_dtype(
+    model: "SentenceTransformer", flag: str | None, min_cosine: float
+) -> tuple[Decision, "SentenceTransformer"]:
+    """The decision for a float32 SentenceTransformer on CPU, and the model to serve (a bfloat16 copy or `model`)."""
+    if flag is None:
+        return Decision(
+            torch.float32, f"auto: float32 (no native bfloat16: no {' or '.join(NATIVE_FLAGS)} flag)"
+        ), model
+    candidate = copy.deepcopy(model).to(torch.bfloat16)
+    features = model.tokenize(PROBE)
+    times: dict[torch.dtype, float] = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
+    embeddings = {}
+    for _ in range(ROUNDS):  # interleaved, so a slow moment of the machine hits both precisions
+        for dtype, each in ((torch.float32, model), (torch.bfloat16, candidate)):
+            started = time.perf_counter()
+            with torch.inference_mode():
+                embeddings[dtype] = each.forward(dict(features))["sentence_embedding"].float()
+            times[dtype] = min(times[dtype], time.perf_counter() - started)
+    speedup = times[torch.float32] / times[torch.bfloat16]
+    cosine = torch.nn.functional.cosine_similarity(embeddings[torch.float32], embeddings[torch.bfloat16], dim=-1)
+    worst = float(cosine.min())
+    measured = f"native {flag}, {speedup:.1f}x, min cos {worst:.5f}"
+    if worst < min_cosine:
+        return Decision(torch.float32, f"auto: float32 (bfloat16 {measured} < {min_cosine})", speedup, worst), model
+    if speedup < MIN_SPEEDUP:
+        return Decision(torch.float32, f"auto: float32 (bfloat16 {measured}: not faster)", speedup, worst), model
+    return Decision(torch.bfloat16, f"auto: bfloat16 ({measured})", speedup, worst), candidate

@@ -1,0 +1,71 @@
+"""SETPO_DTYPE=auto on CPU (issue 29): bfloat16 only where the CPU has a native bfloat16 flag, a probe at start
+measures it faster, and its embeddings stay within SETPO_BF16_MIN_COSINE of float32's; /info says which and why.
+The decision runs on the real embedded model; an explicit SETPO_DTYPE is always obeyed."""
+
+import pytest
+import torch
+
+from setpo_core.diversity import cosine_kernel, set_diversity
+from setpo_server.precision import MIN_SPEEDUP, NATIVE_FLAGS, choose_cpu_dtype, native_bf16_flag
+from tests.inprocess import InProcessService
+from tests.server.test_bfloat16 import GROUPS
+
+
+@pytest.mark.parametrize(
+    ("flags", "found"),
+    [
+        ("fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "amx_bf16"),
+        ("fpu sse2 avx2 avx512f avx512_bf16", "avx512_bf16"),
+        ("fpu sse2 avx2 avx512f avx512bw", None),  # AVX-512 without its bfloat16 extension: emulated
+        ("fpu sse2 avx2 fma", None),
+    ],
+)
+def test_native_bf16_is_read_from_the_cpus_flags(flags, found, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU amx_bf16-free\nflags\t\t: {flags}\n\n")
+    assert native_bf16_flag(cpuinfo) == found
+    assert native_bf16_flag(tmp_path / "missing") is None  # not Linux, or no /proc: no claim of native support
+
+
+def test_without_a_native_flag_float32_is_kept_without_measuring(st_model):
+    decision, served = choose_cpu_dtype(st_model, None, 0.9995)
+    assert decision.dtype == torch.float32 and served is st_model and decision.speedup is None
+    assert decision.reason == f"auto: float32 (no native bfloat16: no {' or '.join(NATIVE_FLAGS)} flag)"
+
+
+def test_bfloat16_that_strays_from_float32_is_refused_however_fast(st_model):
+    decision, served = choose_cpu_dtype(st_model, "amx_bf16", 1.5)  # a bound no bfloat16 embedding can meet
+    assert decision.dtype == torch.float32 and served is st_model
+    assert decision.reason.startswith("auto: float32 (bfloat16 native amx_bf16, ") and decision.reason.endswith(
+        "< 1.5)"
+    )
+    assert next(st_model.parameters()).dtype == torch.float32  # the served model was not converted in place
+
+
+def test_bfloat16_is_kept_only_when_measured_faster_and_its_model_is_served(st_model):
+    decision, served = choose_cpu_dtype(st_model, "avx512_bf16", 0.0)
+    assert decision.speedup is not None and decision.min_cosine is not None
+    # MiniLM's bfloat16 embeddings of the probe texts: measured 0.9999 and up on AMX; 0.999 is the claim here
+    assert decision.min_cosine > 0.999
+    faster = decision.speedup >= MIN_SPEEDUP  # on a CPU that emulates bfloat16 (this VM's AMD EPYC) it is not
+    assert decision.dtype == (torch.bfloat16 if faster else torch.float32)
+    assert next(served.parameters()).dtype == decision.dtype
+    assert f"{decision.speedup:.1f}x, min cos {decision.min_cosine:.5f}" in decision.reason
+
+
+def test_info_says_which_precision_auto_chose_and_its_marginals_match_float32(st_model):
+    with InProcessService() as service, service.client() as client:
+        info = client.info()
+        served = torch.tensor([group.marginals for group in client.diversity([{"texts": g} for g in GROUPS]).groups])
+    assert info.dtype_reason is not None and info.dtype_reason.startswith(f"auto: {info.dtype}")
+    if native_bf16_flag() is None:
+        assert info.dtype == "float32" and "no native bfloat16" in info.dtype_reason
+    embeddings = torch.stack([st_model.encode(g, convert_to_tensor=True).double() for g in GROUPS])
+    reference = set_diversity(cosine_kernel(embeddings)).marginals
+    assert (served - reference).abs().max() < 2e-3  # the bound test_bfloat16 states for bfloat16 against float32
+
+
+def test_an_explicit_dtype_is_obeyed_and_named():
+    with InProcessService(dtype="float32") as service, service.client() as client:
+        info = client.info()
+    assert (info.dtype, info.dtype_reason) == ("float32", "SETPO_DTYPE=float32")
