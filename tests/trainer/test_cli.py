@@ -237,10 +237,19 @@ def test_a_ray_runtime_env_hook_already_set_is_chained(tiny_model, server, monke
         ray_hook.add_worker_setup({"worker_process_setup_hook": "mine.setup"})
 
 
-def test_without_vllm_setpo_train_says_what_to_install():
+def test_without_vllm_setpo_train_says_what_to_install_and_still_answers_help_and_version():
     env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"].replace(PLACEHOLDERS, "")}
-    run = subprocess.run([str(BIN / "setpo-train"), "--help"], env=env, capture_output=True, text=True, timeout=300)
+
+    def setpo_train(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "setpo-train"), *argv], env=env, capture_output=True, text=True, timeout=300)
+
+    run = setpo_train("--setpo.check_only")
     assert run.returncode == 1 and "cannot import OpenRLHF's trainer (No module named 'vllm')" in run.stderr
+    run = setpo_train("--help")  # SetPO's flags, and what to install for OpenRLHF's
+    assert run.returncode == 0 and "--setpo.weight" in run.stdout
+    assert "cannot import OpenRLHF's trainer (No module named 'vllm')" in " ".join(run.stdout.split())
+    run = setpo_train("--version")
+    assert run.returncode == 0 and run.stdout.startswith("setpo-train ") and "(openrlhf 0.11.2)" in run.stdout
 
 
 RECIPE_ENV = {

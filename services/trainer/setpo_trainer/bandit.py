@@ -16,6 +16,7 @@ hybrid compares them by their solution key (here: the mode a response was sample
 """
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -38,6 +39,9 @@ log = logging.getLogger("setpo_bandit")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="setpo-bandit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {importlib.metadata.version('setpo-trainer')}"
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(

@@ -89,11 +89,6 @@ def openrlhf_parser() -> argparse.ArgumentParser:
         run_openrlhf_main(hand_over)
     except _ParserReady as ready:
         return ready.parser
-    except ImportError as exc:
-        sys.exit(
-            f"setpo-train: cannot import OpenRLHF's trainer ({exc}). It needs openrlhf==0.11.2 with its GPU "
-            "packages (vllm, flash-attn): pip install 'openrlhf[vllm]==0.11.2' 'setpo-trainer[openrlhf]'."
-        )
     raise RuntimeError(f"{OPENRLHF_MAIN} never parsed its arguments: is this OpenRLHF 0.11.2?")
 
 
@@ -366,11 +361,18 @@ def check_diversity_policy(parser: argparse.ArgumentParser, options: dict) -> No
         parser.error(f"--setpo.weight_ema must be in [0, 1), got {options['setpo.weight_ema']}")
 
 
+def openrlhf_version() -> str:
+    try:
+        return importlib.metadata.version("openrlhf")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def check_openrlhf() -> None:
     """The OpenRLHF this process would run still builds its experience maker where ray_hook rebinds it."""
     from openrlhf.trainer import ppo_trainer
 
-    version = importlib.metadata.version("openrlhf")
+    version = openrlhf_version()
     if not version.startswith(TESTED_OPENRLHF):
         print(
             f"setpo-train: warning: tested with openrlhf {TESTED_OPENRLHF}x, this is {version}",
@@ -385,8 +387,25 @@ def check_openrlhf() -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """OpenRLHF's flags and ours, parsed and checked (flat names, as OpenRLHF's parser returns them)."""
-    parser = openrlhf_parser()
+    """OpenRLHF's flags and ours, parsed and checked (flat names, as OpenRLHF's parser returns them).
+    --version and --help answer without OpenRLHF (help then lists our flags and says what to install)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--version" in argv:
+        print(f"setpo-train {importlib.metadata.version('setpo-trainer')} (openrlhf {openrlhf_version()})")
+        sys.exit(0)
+    try:
+        parser = openrlhf_parser()
+    except ImportError as exc:
+        missing = (
+            f"setpo-train: cannot import OpenRLHF's trainer ({exc}). It needs openrlhf==0.11.2 with its GPU "
+            "packages (vllm, flash-attn): pip install 'openrlhf[vllm]==0.11.2' 'setpo-trainer[openrlhf]'."
+        )
+        if not {"-h", "--help"} & set(argv):
+            sys.exit(missing)
+        parser = argparse.ArgumentParser(prog="setpo-train", epilog=f"OpenRLHF's own flags are not listed: {missing}")
+        add_setpo_arguments(parser)
+        parser.print_help()
+        sys.exit(0)
     parser.prog = "setpo-train"
     parser.description = (
         "OpenRLHF's train_ppo_ray (all its flags, unchanged) with SetPO's diversity bonus; see --setpo.*"
