@@ -7,7 +7,7 @@ import verl  # noqa: F401  (loads the plug-in through veRL's own entry-point dis
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 from verl import DataProto
-from verl.trainer.ppo import ray_trainer
+from verl.trainer.ppo import ray_trainer, rollout_corr_helper
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 
 from setpo_client import SetpoError
@@ -27,30 +27,47 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(smollm2_path())
 
 
-def rollout_batch(tokenizer, rewards: list[list[float]], answers=ANSWERS, split_reward=False) -> DataProto:
+def rollout_batch(tokenizer, rewards: list[list[float]], answers=ANSWERS, split_reward=False, off_policy=None):
     """A real DataProto as veRL's trainer holds it at the advantage step: right-padded responses, a response
     mask, token-level rewards on each response's last token (split_reward: half on its first token, half on its
-    last, as a reward with a format part and an answer part), and the group id `uid` of every row."""
-    texts = [t for group in answers for t in group]
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    last, as a reward with a format part and an answer part), the rollout's and the trainer's log-probs, and the
+    group id `uid` of every row. An answer that is a tuple of turns has a tool's output between its turns, which
+    response_mask leaves out. off_policy: row -> token positions whose rollout log-probs are far from the
+    trainer's (for rejection sampling)."""
+    tool = tokenizer(" [tool: 42 rows]", add_special_tokens=False)["input_ids"]
+    ids, policy = [], []  # per row: its tokens, and which of them the policy wrote
+    for answer in [a for group in answers for a in group]:
+        tokens, mine = [], []
+        for turn, text in enumerate((answer,) if isinstance(answer, str) else answer):
+            words = tokenizer(text, add_special_tokens=False)["input_ids"]
+            between = tool if turn else []
+            tokens, mine = tokens + between + words, mine + [0] * len(between) + [1] * len(words)
+        ids.append(tokens)
+        policy.append(mine)
     width = max(map(len, ids)) + 3  # padding after every response
     responses = torch.full((len(ids), width), tokenizer.pad_token_id or 0)  # (B, T)
-    mask = torch.zeros(len(ids), width)  # (B, T)
-    scores = torch.zeros(len(ids), width)  # (B, T)
+    mask, real, scores = torch.zeros(len(ids), width), torch.zeros(len(ids), width), torch.zeros(len(ids), width)
     for row, (tokens, reward) in enumerate(zip(ids, [r for group in rewards for r in group])):
         responses[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, : len(tokens)] = 1
+        mask[row, : len(tokens)] = torch.tensor(policy[row], dtype=torch.float)
+        real[row, : len(tokens)] = 1
         scores[row, len(tokens) - 1] += reward / 2 if split_reward else reward
         scores[row, 0] += reward / 2 if split_reward else 0.0
+    log_probs = torch.full((len(ids), width), -1.0)  # (B, T)
+    rollout_log_probs = log_probs.clone()
+    for row, positions in (off_policy or {}).items():
+        rollout_log_probs[row, positions] -= 3.0
     uids = np.array([f"prompt-{g}" for g in range(len(answers)) for _ in range(G)], dtype=object)
     prompts = torch.ones(len(ids), 2, dtype=torch.long)  # (B, P), what the data metrics read
     tensors = {
         "prompts": prompts,
         "responses": responses,
         "response_mask": mask,
-        "attention_mask": torch.cat([torch.ones_like(prompts), mask.long()], 1),
+        "attention_mask": torch.cat([torch.ones_like(prompts), real.long()], 1),
         "token_level_scores": scores,
         "token_level_rewards": scores,
+        "old_log_probs": log_probs,
+        "rollout_log_probs": rollout_log_probs,
     }
     return DataProto.from_dict(tensors=tensors, non_tensors={"uid": uids})
 
@@ -209,3 +226,25 @@ def test_the_weight_controller_steers_lambda_to_the_target_ratio_and_the_metrics
     assert second["setpo/bonus_ratio"] == pytest.approx(0.5, rel=1e-5)
     marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in ANSWERS]).groups for s in g.marginals])
     assert torch.allclose(shaped - base, second["setpo/weight"] * marginals[:, None] * mask, atol=1e-6)
+
+
+def test_legacy_per_token_rejection_and_tool_turns_leave_the_text_as_the_policy_wrote_it(tokenizer, server, client):
+    # row 0 answers in two turns around a tool's output; token_k2 rejects two tokens of row 1's answer
+    answers = [[("I will ask the calculator", "it says 72"), *ANSWERS[0][1:]], *ANSWERS[1:]]
+    settings = {"enable": True, "url": server.url, "weight": 0.25, "tokenizer": str(smollm2_path())}
+
+    def legacy_step(config):  # as veRL's legacy trainer: rollout correction, then the advantage step
+        data = rollout_batch(tokenizer, REWARDS, answers, off_policy={1: [1, 2]})
+        correction = {"rollout_rs": "token_k2", "rollout_rs_threshold": 1.0}
+        data, _ = rollout_corr_helper.compute_rollout_correction_and_add_to_batch(data, correction)
+        return advantages(data, config)
+
+    base, base_out = legacy_step(algorithm())
+    shaped, out = legacy_step(algorithm(**settings))
+    trained = out.batch["response_mask"]
+    assert trained[1, 1:3].tolist() == [0, 0]  # veRL rejected the two tokens
+    texts = [["I will ask the calculator\nit says 72", *ANSWERS[0][1:]], *ANSWERS[1:]]  # one turn a line, no holes
+    marginals = torch.tensor([s for g in client.diversity([{"texts": t} for t in texts]).groups for s in g.marginals])
+    assert torch.allclose(shaped - base, 0.25 * marginals[:, None] * trained, atol=1e-6)
+    for batch in (base_out, out):  # the rollout's mask the plug-in kept does not travel on to veRL's workers
+        assert "setpo_generated_mask" not in list(batch.batch.keys())

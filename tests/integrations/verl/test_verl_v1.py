@@ -38,34 +38,39 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(smollm2_path())
 
 
-def put_rollouts(tq, tokenizer, partition: str, rows=None, off_policy=()):
+def put_rollouts(tq, tokenizer, partition: str, rows=None, off_policy=None):
     """Rows as veRL's agent loop stores them: key {uid}_{session}_{index}, nested responses and scores, the
-    rollout's and the trainer's log-probs. rows: (uid, session, index, text, reward); default one output per
-    session of ANSWERS. off_policy: keys whose rollout log-probs are far from the trainer's (rejected by RS)."""
+    rollout's and the trainer's log-probs. rows: (uid, session, index, text, reward), text one policy turn or a
+    tuple of turns, each followed by a tool's output; default one output per session of ANSWERS. off_policy:
+    key -> the token positions whose rollout log-probs are far from the trainer's (None: all), for rejection."""
     rows = rows or [
         (uid, s, 0, text, REWARDS[uid][s]) for uid, texts in ANSWERS.items() for s, text in enumerate(texts)
     ]
+    off_policy = off_policy or {}
     keys, fields = [], []
     for uid, session, index, text, reward in rows:
-        ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
-        # a multi-turn row: the policy's answer, then a tool's output that response_mask leaves out
-        tool = torch.tensor(
-            tokenizer(f" [tool output {uid} {session}: 42 rows]", add_special_tokens=False)["input_ids"]
-        )
-        scores = torch.zeros(len(ids) + len(tool))
-        scores[len(ids) - 1] = reward
-        mask = torch.cat([torch.ones_like(ids), torch.zeros_like(tool)])
+        # a multi-turn row: each of the policy's turns, then a tool's output that response_mask leaves out
+        tool = tokenizer(f" [tool output {uid} {session}: 42 rows]", add_special_tokens=False)["input_ids"]
+        ids, mask = [], []
+        for turn in (text,) if isinstance(text, str) else text:
+            answer = tokenizer(turn, add_special_tokens=False)["input_ids"]
+            ids, mask = ids + answer + tool, mask + [1] * len(answer) + [0] * len(tool)
+        scores = torch.zeros(len(ids))
+        scores[len(ids) - len(tool) - 1] = reward  # on the policy's last token
         key = f"{uid}_{session}_{index}"
-        log_probs = torch.full((len(mask),), -1.0)
+        log_probs = torch.full((len(ids),), -1.0)
+        rollout_log_probs = log_probs.clone()
+        if key in off_policy:
+            rollout_log_probs[off_policy[key] if off_policy[key] is not None else slice(None)] -= 3.0
         keys.append(key)
         fields.append(
             {
                 "uid": uid,
-                "responses": torch.cat([ids, tool]),
-                "response_mask": mask,
+                "responses": torch.tensor(ids),
+                "response_mask": torch.tensor(mask),
                 "rm_scores": scores,
                 "old_log_probs": log_probs,
-                "rollout_log_probs": log_probs - 3.0 if key in off_policy else log_probs,
+                "rollout_log_probs": rollout_log_probs,
             }
         )
     tags = [{"is_padding": False} for _ in keys]
@@ -107,7 +112,7 @@ def base_and_shaped(tq, tokenizer, name, rows=None, pad_to=None, policy=None, **
     results = []
     for setpo in ({}, {"enable": True, "url": kwargs.pop("url"), "weight": WEIGHT, **(policy or {})}):
         partition = f"{name}-{'setpo' if setpo else 'base'}"
-        meta, _ = put_rollouts(tq, tokenizer, partition, rows, kwargs.get("off_policy", ()))
+        meta, _ = put_rollouts(tq, tokenizer, partition, rows, kwargs.get("off_policy"))
         if pad_to:  # veRL's own synthetic padding rows, as the trainer adds them to make the batch divisible
             meta = upsample_batch_to_divisible_size(meta, pad_to, tokenizer.eos_token_id)
         metrics = {}
@@ -177,7 +182,7 @@ def test_rows_rejected_by_rollout_correction_are_not_sent(transfer_queue, tokeni
         "rejected",
         rows=rows,
         url=server.url,
-        off_policy={"p0_3_0"},
+        off_policy={"p0_3_0": None},
         rollout_correction=correction,
     )
     marginals = [
@@ -211,3 +216,35 @@ def test_v1_min_reward_scores_sessions_by_their_final_outputs_reward_and_the_con
     assert first["setpo/weight"] == WEIGHT and first["setpo/small_scope_groups"] == 1
     assert second["setpo/weight"] == pytest.approx(WEIGHT * 0.5 / first["setpo/bonus_ratio"], rel=1e-6)
     assert second["setpo/bonus_ratio"] == pytest.approx(0.5, rel=1e-5)
+
+
+def test_per_token_rejection_leaves_the_text_whole_and_the_bonus_only_on_trained_tokens(
+    transfer_queue, tokenizer, server, client
+):
+    # token_k2 rejects single tokens of p0's second answer: veRL trains on the rest of it, but the answer the
+    # policy gave, the member of its group, is still the whole text
+    correction = {"rollout_rs": "token_k2", "rollout_rs_threshold": 1.0}
+    base, shaped, _, keys = base_and_shaped(
+        transfer_queue,
+        tokenizer,
+        "token-rejected",
+        url=server.url,
+        off_policy={"p0_1_0": [1, 2]},
+        rollout_correction=correction,
+    )
+    got = transfer_queue.kv_batch_get(keys=keys, partition_id="token-rejected-setpo", select_fields=["response_mask"])
+    assert got["response_mask"].unbind()[1][1:3].tolist() == [0, 0]  # veRL did reject the two tokens
+    marginals = [s for g in client.diversity([{"texts": t} for t in ANSWERS.values()]).groups for s in g.marginals]
+    assert shaped == pytest.approx([b + WEIGHT * s for b, s in zip(base, marginals)], abs=1e-6)
+
+
+def test_a_multi_turn_row_is_embedded_as_its_turns_read_with_the_tool_output_left_out(
+    transfer_queue, tokenizer, server, client
+):
+    turns = ("I will ask the calculator", "it says 72")  # run together: "calculatorit"
+    rows = [("p0", 0, 0, turns, 1.0)] + [("p0", s, 0, ANSWERS["p0"][s], REWARDS["p0"][s]) for s in (1, 2)]
+    rows += [("p1", s, 0, text, REWARDS["p1"][s]) for s, text in enumerate(ANSWERS["p1"])]
+    base, shaped, _, _ = base_and_shaped(transfer_queue, tokenizer, "turns", rows=rows, url=server.url)
+    texts = [["\n".join(turns), *ANSWERS["p0"][1:]], ANSWERS["p1"]]  # one turn a line, as the chat shows them
+    marginals = [s for g in client.diversity([{"texts": t} for t in texts]).groups for s in g.marginals]
+    assert shaped == pytest.approx([b + WEIGHT * s for b, s in zip(base, marginals)], abs=1e-6)

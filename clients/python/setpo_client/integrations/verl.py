@@ -28,9 +28,13 @@ veRL 0.9.1 has two trainers and the plug-in wraps each at its advantage step:
   does, a session (rows keyed {uid}_{session}_{index} by multi-output agent loops) is one member of its
   group: its final output is embedded and its bonus broadcast to all its rows. Synthetic padding rows
   (tag is_padding) are left out; rows that rollout correction rejected (response mask all 0) keep bonus 0
-  and are not sent. The step's setpo/* metrics go into veRL's own metrics dict.
+  and are not sent. The texts are read before veRL's step, whose rollout correction may zero single tokens
+  of response_mask: the policy's answer is embedded whole, and the bonus lands only on the tokens veRL trains.
+  The step's setpo/* metrics go into veRL's own metrics dict.
 - v0 (trainer.use_v1=false): `compute_advantage` (the function the legacy trainer calls) runs unchanged,
-  then the batch is shaped; metrics are merged into veRL's data metrics of the step.
+  then the batch is shaped; metrics are merged into veRL's data metrics of the step. The response_mask
+  before rollout correction is kept by wrapping `compute_rollout_correction_and_add_to_batch`.
+A row's text is the policy's own turns (tool and environment output left out), one turn a line.
 Groups SetpoShaper cannot score (fewer than 3 scorable sessions, e.g. a failed session in sync mode; more than
 the service takes) get bonus 0 and are counted; service failures follow on_error (SetpoShaper's one policy).
 
@@ -83,6 +87,7 @@ SETTINGS = (
     *POLICY_SETTINGS,
 )
 _shapers: dict[tuple, SetpoShaper] = {}
+GENERATED_MASK = "setpo_generated_mask"  # v0: response_mask before rollout correction, from correction to advantage
 
 
 def setpo_settings(algorithm_config) -> dict | None:
@@ -266,13 +271,19 @@ def shape_sessions(
     return bonus, step.metrics
 
 
-def decoded(tokenizer, responses, masks) -> list[str | None]:
-    """The policy's own tokens of each row as text (response_mask leaves out tool and environment output);
-    None for a row with no token left (rejected by rollout correction)."""
-    return [
-        tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) if mask.any() else None
-        for ids, mask in zip(responses, masks)
-    ]
+def policy_texts(tokenizer, responses, generated_masks, trained_masks) -> list[str | None]:
+    """What the policy wrote in each row: its turns (runs of its own tokens; tool and environment output between
+    them left out) decoded one by one and joined a line apart, as a chat shows them, not run together. The
+    generated mask is response_mask as the rollout made it: rollout correction later zeroes single rejected
+    tokens, which must not punch holes in the text. None for a row veRL does not train at all (trained mask all
+    0: rejected whole) or with no token of the policy."""
+    texts: list[str | None] = []
+    for ids, generated, trained in zip(responses, generated_masks, trained_masks):
+        edges = torch.nn.functional.pad(generated.bool().int(), (1, 1)).diff()  # (T+1,) +1: a turn starts, -1: ends
+        starts, ends = (edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()
+        turns = [tokenizer.decode(ids[start:end], skip_special_tokens=True) for start, end in zip(starts, ends)]
+        texts.append("\n".join(turn for turn in turns if turn) if trained.any() and starts else None)
+    return texts
 
 
 def row_rewards_and_advantages(scores: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
@@ -285,12 +296,13 @@ def row_rewards_and_advantages(scores: torch.Tensor, advantages: torch.Tensor, m
     return scores.sum(-1).tolist(), per_row.tolist()
 
 
-def shape_batch(data, tokenizer, shaper: SetpoShaper, started: float):
-    """v0: add lambda * s_i to every response token of a DataProto whose advantages veRL has just computed.
-    Needs batch["responses"], batch["response_mask"], batch["token_level_scores"], batch["advantages"] and
-    non_tensor_batch["uid"]."""
+def shape_batch(data, generated_mask, tokenizer, shaper: SetpoShaper, started: float):
+    """v0: add lambda * s_i to every trained response token of a DataProto whose advantages veRL has just
+    computed. Needs batch["responses"], batch["response_mask"] (what veRL trains), batch["token_level_scores"],
+    batch["advantages"] and non_tensor_batch["uid"]; generated_mask (B, T): response_mask before rollout
+    correction."""
     mask = data.batch["response_mask"]  # (B, T)
-    texts = decoded(tokenizer, data.batch["responses"], mask)
+    texts = policy_texts(tokenizer, data.batch["responses"], generated_mask, mask)
     rewards, advantages = row_rewards_and_advantages(data.batch["token_level_scores"], data.batch["advantages"], mask)
     rows = range(len(texts))
     bonus, metrics = shape_sessions(
@@ -302,8 +314,20 @@ def shape_batch(data, tokenizer, shaper: SetpoShaper, started: float):
     return data, metrics
 
 
-def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper, started: float) -> dict[str, float]:
-    """v1: read the step's responses and fresh advantages from TransferQueue, shape, write back."""
+def generated_texts(batch, tokenizer) -> tuple[list[str | None], list]:
+    """v1, before veRL's advantage step (whose rollout correction rewrites response_mask): what the policy wrote in
+    each row, and each row's generated mask; None where the policy wrote nothing."""
+    import transfer_queue as tq
+
+    fields = tq.kv_batch_get(
+        keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses", "response_mask"]
+    )
+    masks = fields["response_mask"].unbind()
+    return policy_texts(tokenizer, fields["responses"].unbind(), masks, masks), masks
+
+
+def shape_transfer_queue(batch, texts: list[str | None], shaper: SetpoShaper, started: float) -> dict[str, float]:
+    """v1: read the step's fresh advantages from TransferQueue, shape, write back. texts: generated_texts()."""
     import transfer_queue as tq
     from tensordict import TensorDict
     from verl.workers.utils.padding import response_to_nested
@@ -311,10 +335,10 @@ def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper, started: float) 
     fields = tq.kv_batch_get(
         keys=batch.keys,
         partition_id=batch.partition_id,
-        select_fields=["uid", "responses", "response_mask", "rm_scores", "advantages"],
+        select_fields=["uid", "response_mask", "rm_scores", "advantages"],
     )
-    nested_mask = fields["response_mask"]  # after rollout correction: a rejected row is all 0
-    texts = decoded(tokenizer, fields["responses"].unbind(), nested_mask.unbind())
+    nested_mask = fields["response_mask"]  # after rollout correction: what veRL trains; a rejected row is all 0
+    texts = [text if trained.any() else None for text, trained in zip(texts, nested_mask.unbind())]
     uids = np.array(
         fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object
     ).tolist()
@@ -341,36 +365,51 @@ def shape_transfer_queue(batch, tokenizer, shaper: SetpoShaper, started: float) 
 
 def install() -> None:
     """Wrap veRL's advantage steps and trainer constructors (idempotent). Called when `import verl` loads this plug-in."""
-    from verl.trainer.ppo import ray_trainer
+    from verl.trainer.ppo import ray_trainer, rollout_corr_helper
     from verl.trainer.ppo.v1 import trainer_base
 
     if getattr(ray_trainer.compute_advantage, "setpo_wrapped", False):
         return
     original_function = ray_trainer.compute_advantage
+    original_correction = rollout_corr_helper.compute_rollout_correction_and_add_to_batch
     original_metrics = ray_trainer.compute_data_metrics
     original_method = trainer_base.PPOTrainer._compute_advantage
     original_v1_init = trainer_base.PPOTrainer.__init__
     original_v0_init = ray_trainer.RayPPOTrainer.__init__
 
+    def compute_rollout_correction_and_add_to_batch(batch, *args, **kwargs):
+        # v0 trainers correct just before compute_advantage, rewriting response_mask: keep the rollout's, in the
+        # batch so that it follows the rows, until compute_advantage takes it out
+        generated = batch.batch["response_mask"]
+        batch, metrics = original_correction(batch, *args, **kwargs)
+        batch.batch[GENERATED_MASK] = generated
+        return batch, metrics
+
     def compute_advantage(data, *args, config=None, **kwargs):
+        generated = data.batch.pop(GENERATED_MASK, None)  # out before veRL sees the batch, SetPO on or off
         data = original_function(data, *args, config=config, **kwargs)
         settings = setpo_settings(config)
         if settings is None:
             return data
         started = time.perf_counter()
-        data, data.meta_info["setpo_metrics"] = shape_batch(data, _tokenizer(settings), shaper_for(settings), started)
+        generated = generated if generated is not None else data.batch["response_mask"]  # nothing was rejected
+        tokenizer, shaper = _tokenizer(settings), shaper_for(settings)
+        data, data.meta_info["setpo_metrics"] = shape_batch(data, generated, tokenizer, shaper, started)
         return data
 
     def compute_data_metrics(batch, *args, **kwargs):
         return {**original_metrics(batch, *args, **kwargs), **batch.meta_info.get("setpo_metrics", {})}
 
     def _compute_advantage(self, batch, metrics: dict):
-        batch = original_method(self, batch, metrics)
         settings = setpo_settings(self.config.algorithm)
         if settings is None:
-            return batch
-        started = time.perf_counter()
-        metrics.update(shape_transfer_queue(batch, self.tokenizer, shaper_for(settings), started))
+            return original_method(self, batch, metrics)
+        decoding_started = time.perf_counter()
+        texts, _ = generated_texts(batch, self.tokenizer)  # before veRL's step: its rollout correction masks tokens
+        decoding = time.perf_counter() - decoding_started
+        batch = original_method(self, batch, metrics)
+        started = time.perf_counter() - decoding  # setpo/time_s: the plug-in's own work, not veRL's step between
+        metrics.update(shape_transfer_queue(batch, texts, shaper_for(settings), started))
         return batch
 
     def v1_init(self, config, *args, **kwargs):
@@ -381,10 +420,17 @@ def install() -> None:
         check_start(config, type(self))
         original_v0_init(self, config, *args, **kwargs)
 
-    wrappers: tuple[Any, ...] = (compute_advantage, _compute_advantage, v1_init, v0_init)
+    wrappers: tuple[Any, ...] = (
+        compute_advantage,
+        _compute_advantage,
+        v1_init,
+        v0_init,
+        compute_rollout_correction_and_add_to_batch,
+    )
     for wrapper in wrappers:
         wrapper.setpo_wrapped = True
     ray_trainer.compute_advantage = compute_advantage
+    rollout_corr_helper.compute_rollout_correction_and_add_to_batch = compute_rollout_correction_and_add_to_batch
     ray_trainer.compute_data_metrics = compute_data_metrics
     trainer_base.PPOTrainer._compute_advantage = _compute_advantage
     trainer_base.PPOTrainer.__init__ = v1_init
