@@ -5,11 +5,20 @@
 # run by run (rerun the python line below without the rm to continue). Runs in .venv-trl alone.
 EXPERIMENT_OUT ?= out/countdown_lm
 TEST_TARGETS += test-experiment
-.PHONY: experiment test-experiment
+.PHONY: experiment experiment-resume experiment-keep test-experiment
 
 experiment: $(TRL_STAMP)
 	rm -rf $(EXPERIMENT_OUT)
 	OMP_NUM_THREADS=1 $(VENV_TRL)/bin/python -m experiments.countdown_lm --out $(EXPERIMENT_OUT) --jobs 2 --figures docs/figures
+
+# The full form outlasts a sitting on this machine: experiment-keep saves every finished run (summaries and samples,
+# not models) in experiments/countdown_lm/results, which is committed; experiment-resume restores them and goes on.
+experiment-resume: $(TRL_STAMP)
+	$(VENV_TRL)/bin/python -m experiments.countdown_lm.keep restore --out $(EXPERIMENT_OUT)
+	OMP_NUM_THREADS=1 $(VENV_TRL)/bin/python -m experiments.countdown_lm --out $(EXPERIMENT_OUT) --jobs 2 --figures docs/figures
+
+experiment-keep: $(TRL_STAMP)
+	$(VENV_TRL)/bin/python -m experiments.countdown_lm.keep save --out $(EXPERIMENT_OUT)
 
 # The quick form (a few steps of every arm, one seed, ~1 min) and the task's own checks.
 test-experiment: $(TRL_STAMP)

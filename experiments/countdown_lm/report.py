@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from statistics import fmean, pstdev
 
-from experiments.countdown_lm import job
+from experiments.countdown_lm import arms, job
 from experiments.countdown_lm.arms import Config
 from setpo_client.keys import countdown_expression
 from setpo_trainer.eval.metrics import pass_at_k
@@ -100,15 +100,20 @@ def validation_rows(out: Path, configs: list[Config], seeds: tuple[int, ...]) ->
     return rows
 
 
+def pass_floor(rows: list[dict]) -> tuple[float, float]:
+    """GRPO's mean validation pass@1 less one seed standard deviation pooled over every config; and that std."""
+    grpo = next(r for r in rows if r["config"].arm == "grpo")
+    seed_std = fmean(r["metrics"]["pass@1"][1] ** 2 for r in rows) ** 0.5  # pooled: two seeds per config are few
+    return grpo["metrics"]["pass@1"][0] - seed_std, seed_std
+
+
 def choose(rows: list[dict]) -> dict:
     """The rule, fixed before any run: a config is eligible when its mean validation pass@1 is no lower than GRPO's
     minus one seed standard deviation (pooled over every config's seeds); among an arm's eligible configs the one
     with the most distinct correct solutions wins (ties: the higher pass@64). An arm with none eligible is
     represented by its highest pass@1. The best scoped form is chosen the same way among the scoped arms' winners,
     and then among it and its controller configs."""
-    grpo = next(r for r in rows if r["config"].arm == "grpo")
-    seed_std = fmean(r["metrics"]["pass@1"][1] ** 2 for r in rows) ** 0.5  # pooled: two seeds per config are few
-    floor = grpo["metrics"]["pass@1"][0] - seed_std
+    floor, seed_std = pass_floor(rows)
 
     def eligible(row: dict) -> bool:
         return row["metrics"]["pass@1"][0] >= floor
@@ -322,9 +327,31 @@ def plot(results: dict, where: Path) -> list[Path]:
     return paths
 
 
-if __name__ == "__main__":  # python -m experiments.countdown_lm.report <samples.jsonl> ...: one run's headline
+def progress(out: Path, plan) -> str:
+    """The validation table so far, for an experiment still running or stopped: every phase-one config whose
+    validation seeds are all done, eligibility against GRPO's floor (GRPO runs first)."""
+    first = arms.phase_one(plan)
+    done = [c for c in first if all(job.is_done(out, c, s, "validation") for s in plan.validation_seeds)]
+    rows = validation_rows(out, done, plan.validation_seeds)
+    records = [
+        {"config": r["config"].as_dict(), **r["metrics"], **{f"train_{k}": v for k, v in r["train"].items()}}
+        for r in rows
+    ]
+    floor = pass_floor(rows)[0] if rows and rows[0]["config"].arm == "grpo" else float("-inf")
+    table = validation_table({"choices": {"validation": records, "winners": {}, "grpo_pass@1_floor": floor}})
+    return f"{len(done)} of {len(first)} validation configs done ({out})\n\n{table}"
+
+
+if __name__ == "__main__":
+    # python -m experiments.countdown_lm.report <samples.jsonl> ...: one run's headline
+    # python -m experiments.countdown_lm.report --progress out/countdown_lm: the validation table so far
     import sys
 
+    from experiments.countdown_lm.plan import FULL
+
+    if sys.argv[1] == "--progress":
+        print(progress(Path(sys.argv[2]), FULL))
+        sys.exit()
     for path in sys.argv[1:]:
         summary = summarize(puzzles_of(Path(path)))
         print(path, json.dumps({key: summary[key] for key in [*HEADLINE, "pcmd_support"]}))

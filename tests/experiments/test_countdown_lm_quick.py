@@ -7,8 +7,11 @@ policy reaches the service and every metric is written; nothing about which meth
 import json
 import math
 
+from experiments.countdown_lm import job, keep
 from experiments.countdown_lm.__main__ import main
+from experiments.countdown_lm.arms import Config, phase_one
 from experiments.countdown_lm.plan import QUICK
+from experiments.countdown_lm.report import progress, puzzles_of
 
 HEADLINE = ["pass@1", "pass@8", "solutions", "pcmd", "share_2", "share_3"]
 
@@ -38,3 +41,21 @@ def test_quick_experiment_runs_every_stage_and_writes_every_metric(server, tmp_p
     report = tmp_path / "report"
     for name in ("results.json", "validation.md", "test.md", "pass_at_k.png", "solutions.png"):
         assert (report / name).stat().st_size > 0
+
+    # kept in the repository and restored elsewhere (a later sitting), every run counts as done and reads the same
+    kept, elsewhere = tmp_path.with_name(tmp_path.name + "-kept"), tmp_path.with_name(tmp_path.name + "-elsewhere")
+    assert keep.save(tmp_path, kept) == keep.restore(elsewhere, kept) > len(choices["validation"])
+    assert not list(kept.glob("**/model"))  # summaries and samples, not the models
+    for row in choices["validation"]:
+        fields = {k: v for k, v in row["config"].items() if k != "name"}
+        assert job.is_done(elsewhere, Config(**fields), QUICK.validation_seeds[0], "validation")
+    grpo = tmp_path / "runs" / "grpo" / f"seed{QUICK.validation_seeds[0]}"
+    assert puzzles_of(elsewhere / grpo.relative_to(tmp_path) / "eval-validation" / "samples.jsonl") == (
+        puzzles_of(grpo / "eval-validation" / "samples.jsonl")
+    )
+
+    # the table of a stopped experiment: every phase-one config done here, GRPO's first
+    table = progress(tmp_path, QUICK)
+    first = len(phase_one(QUICK))
+    assert table.startswith(f"{first} of {first} validation configs done")
+    assert "\n| grpo | yes |" in table

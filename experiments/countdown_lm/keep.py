@@ -1,0 +1,74 @@
+"""The experiment's finished runs, kept in the repository so that the full form can run over several sittings.
+
+A sitting on this project's machine ends after three hours and the full form takes longer (docs/experiments.md).
+`save` copies what the report reads of every finished run under --out (its train summary, and its evaluation's
+summary and samples, gzipped; not its model) to experiments/countdown_lm/results; `restore` copies them back, so
+that `python -m experiments.countdown_lm --out ...` skips those runs and goes on with the rest.
+
+    python -m experiments.countdown_lm.keep save --out out/countdown_lm
+    python -m experiments.countdown_lm.keep restore --out out/countdown_lm
+"""
+
+import argparse
+import gzip
+import shutil
+from pathlib import Path
+
+KEPT = Path(__file__).parent / "results"
+
+
+def finished(out: Path) -> list[Path]:
+    """The evaluation folders (eval/base-*, runs/<config>/seed<n>/eval-*) whose summary is written: done."""
+    return sorted(
+        summary.parent for summary in out.glob("**/summary.json") if summary.parent.name.startswith(("eval-", "base-"))
+    )
+
+
+def save(out: Path, kept: Path = KEPT) -> int:
+    done = finished(out)
+    for evaluated in done:
+        target = kept / evaluated.relative_to(out)
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(evaluated / "summary.json", target / "summary.json")
+        with (
+            (evaluated / "samples.jsonl").open("rb") as samples,
+            gzip.open(target / "samples.jsonl.gz", "wb", 9) as packed,
+        ):
+            shutil.copyfileobj(samples, packed)
+        trained = evaluated.parent / "train_summary.json"
+        if trained.exists():  # a run's; the base model's evaluations have none
+            shutil.copy2(trained, target.parent / "train_summary.json")
+    return len(done)
+
+
+def restore(out: Path, kept: Path = KEPT) -> int:
+    restored = 0
+    for summary in sorted(kept.glob("**/summary.json")):
+        evaluated = out / summary.parent.relative_to(kept)
+        if (evaluated / "summary.json").exists():
+            continue  # run here already: what is on disk wins
+        evaluated.mkdir(parents=True, exist_ok=True)
+        with (
+            gzip.open(summary.parent / "samples.jsonl.gz", "rb") as packed,
+            (evaluated / "samples.jsonl").open("wb") as samples,
+        ):
+            shutil.copyfileobj(packed, samples)
+        trained = summary.parent.parent / "train_summary.json"
+        if trained.exists():
+            shutil.copy2(trained, evaluated.parent / "train_summary.json")
+        shutil.copy2(summary, evaluated / "summary.json")  # last: a summary on disk means the run is done
+        restored += 1
+    return restored
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["save", "restore"])
+    parser.add_argument("--out", type=Path, default=Path("out/countdown_lm"))
+    args = parser.parse_args(argv)
+    count = save(args.out) if args.action == "save" else restore(args.out)
+    print(f"{args.action}: {count} evaluations ({KEPT} <-> {args.out})")
+
+
+if __name__ == "__main__":
+    main()
