@@ -18,7 +18,7 @@ from statistics import fmean, pstdev
 from experiments.countdown_lm import arms, job
 from experiments.countdown_lm.arms import Config
 from setpo_client.keys import countdown_expression
-from setpo_trainer.eval.metrics import pass_at_k
+from setpo_trainer.eval.metrics import pass_at_k, pcmd  # pcmd: ModeBench's, per puzzle
 from setpo_trainer.packaged_data import read_jsonl
 
 HEADLINE = ["pass@1", "pass@8", "pass@64", "solutions", "pcmd", "share_2", "share_3"]
@@ -36,14 +36,6 @@ def puzzles_of(samples: Path) -> list[dict]:
             entry["correct"] += 1
             entry["modes"][countdown_expression(row["response"])] += 1
     return list(by_id.values())
-
-
-def pcmd(modes: Counter) -> float | None:
-    """ModeBench's PCMD of one puzzle: 1 - sum n_m (n_m - 1) / (K (K - 1)) over its K correct samples; None if K < 2."""
-    total = sum(modes.values())
-    if total < 2:
-        return None
-    return 1 - sum(n * (n - 1) for n in modes.values()) / (total * (total - 1))
 
 
 def per_puzzle(entry: dict) -> dict:
