@@ -205,3 +205,63 @@ def test_a_full_diversity_policy_composes_from_the_command_line_and_is_logged_at
     )
     assert (controller.warmup_steps, controller.freeze_after, shaper.weight) == (10, 200, 0.13)
     assert "min_reward=1.0 key=setpo_client.keys:countdown_expression kernel=hybrid normalize=zscore" in caplog.text
+
+
+def test_a_trainer_class_that_would_log_no_setpo_metrics_is_refused_and_the_legacy_one_is_not(server):
+    # veRL's experimental SeparateRayPPOTrainer calls the plug-in's compute_advantage, but logs its metrics
+    # through metric_utils.compute_data_metrics: it would shape every step and never say so
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    config = verl_config(*setpo(server.url))
+    with pytest.raises(RuntimeError, match=r"separation.ray_trainer.compute_data_metrics.*no setpo/\* metrics"):
+        SeparateRayPPOTrainer(config=config, tokenizer=None, role_worker_mapping={}, resource_pool_manager=None)
+    check_start(config, RayPPOTrainer)  # the legacy trainer calls both of the plug-in's functions
+
+
+def v1_utils_imports_compute_advantage_when_called(monkeypatch):
+    from verl.trainer.ppo.v1 import utils
+
+    monkeypatch.delattr(utils, "compute_advantage")
+
+
+def v1_utils_imports_compute_advantage_after_the_plug_in(monkeypatch):
+    from verl.trainer.ppo import ray_trainer
+    from verl.trainer.ppo.v1 import utils
+
+    monkeypatch.setattr(utils, "compute_advantage", ray_trainer.compute_advantage)  # the wrapper, not veRL's own
+
+
+def response_to_nested_moves(monkeypatch):
+    from verl.workers.utils import padding
+
+    monkeypatch.delattr(padding, "response_to_nested")
+
+
+def the_padding_tag_is_renamed(monkeypatch):
+    from verl.trainer.ppo import padding_utils
+
+    real = padding_utils.construct_minimal_padding_template
+
+    def renamed(*args, **kwargs):
+        sample, tag = real(*args, **kwargs)
+        tag["synthetic"] = tag.pop("is_padding")
+        return sample, tag
+
+    monkeypatch.setattr(padding_utils, "construct_minimal_padding_template", renamed)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (v1_utils_imports_compute_advantage_when_called, r"verl.trainer.ppo.v1.utils.compute_advantage"),
+        (v1_utils_imports_compute_advantage_after_the_plug_in, r"verl.trainer.ppo.v1.utils.compute_advantage"),
+        (response_to_nested_moves, r"verl.workers.utils.padding.response_to_nested"),
+        (the_padding_tag_is_renamed, r"is_padding"),
+    ],
+    ids=["v1-utils-lazy-import", "v1-utils-sees-the-wrapper", "response_to_nested-moved", "padding-tag-renamed"],
+)
+def test_a_verl_whose_internals_the_plug_in_relies_on_moved_is_refused_at_start(server, monkeypatch, change, match):
+    change(monkeypatch)  # what a later veRL release may do
+    with pytest.raises(RuntimeError, match=match):
+        get_trainer_cls("sync")(config=verl_config(*setpo(server.url)))

@@ -38,9 +38,9 @@ A row's text is the policy's own turns (tool and environment output left out), o
 Groups SetpoShaper cannot score (fewer than 3 scorable sessions, e.g. a failed session in sync mode; more than
 the service takes) get bonus 0 and are counted; service failures follow on_error (SetpoShaper's one policy).
 
-At start, before any worker: the trainer's class really calls our advantage step, veRL's version is the tested
-one, rollout.n >= 3, the estimator is a group estimator, and the service is ready, accepts the key and says
-its limits (`PPOTrainer.__init__` / `RayPPOTrainer.__init__` wrapped). A plug-in that cannot install itself
+At start, before any worker: the trainer's class really calls our advantage step and logs our metrics, the veRL
+internals we rely on are in place (check_trainer), veRL's version is the tested one, rollout.n >= 3, the
+estimator is a group estimator, and the service is ready, accepts the key and says its limits (`PPOTrainer.__init__` / `RayPPOTrainer.__init__` wrapped). A plug-in that cannot install itself
 while the command line enables SetPO stops the run instead of training without it.
 """
 
@@ -48,7 +48,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -203,15 +203,8 @@ def check_start(config, trainer_class) -> None:
     if settings is None:
         return
     import verl
-    from verl.trainer.ppo import ray_trainer
 
-    # v1 trainers call self._compute_advantage; the legacy one calls ray_trainer.compute_advantage
-    step = getattr(trainer_class, "_compute_advantage", None) or ray_trainer.compute_advantage
-    if not getattr(step, "setpo_wrapped", False):
-        raise RuntimeError(
-            f"SetPO is enabled but {trainer_class.__name__}'s advantage step is not the plug-in's: "
-            "this trainer would train without SetPO. Use veRL's own trainers, or disable SetPO."
-        )
+    check_trainer(trainer_class)
     if not verl.__version__.startswith(TESTED_VERSIONS):
         log.warning(
             "SetPO's veRL plug-in was tested with veRL %s; this is %s",
@@ -237,6 +230,46 @@ def check_start(config, trainer_class) -> None:
         info.limits.max_body_bytes,
     )
     log.info("SetPO diversity policy: %s", " ".join(f"{name}={settings.get(name)}" for name in POLICY_SETTINGS))
+
+
+def check_trainer(trainer_class) -> None:
+    """What the plug-in relies on in veRL, checked before any worker starts: a veRL release (or a trainer class)
+    that moves one stops the run here, naming it, instead of training without SetPO or without its metrics."""
+    from verl.trainer.ppo import padding_utils
+    from verl.trainer.ppo.v1 import utils as v1_utils
+
+    def refuse(what: str) -> NoReturn:
+        raise RuntimeError(f"SetPO is enabled but {what}. Use veRL's own trainers (veRL 0.9.x), or disable SetPO.")
+
+    step = getattr(trainer_class, "_compute_advantage", None)
+    if step is None:  # a legacy-style trainer calls module functions, by the names its classes' modules bound
+        for cls in trainer_class.__mro__[:-1]:
+            bound = vars(sys.modules[cls.__module__])
+            for name, effect in (
+                ("compute_advantage", "train without SetPO"),
+                ("compute_data_metrics", "log no setpo/* metrics"),
+            ):
+                if name in bound and not getattr(bound[name], "setpo_wrapped", False):
+                    refuse(
+                        f"{trainer_class.__name__} calls {cls.__module__}.{name}, not the plug-in's: it would {effect}"
+                    )
+        return
+    if not getattr(step, "setpo_wrapped", False):
+        refuse(
+            f"{trainer_class.__name__}'s advantage step is not the plug-in's: this trainer would train without SetPO"
+        )
+    # veRL's v1 step calls the compute_advantage v1/utils bound before the plug-in wrapped it; bound to the
+    # wrapper (or looked up at call time), SetPO would shape inside veRL's step and again after it
+    captured = vars(v1_utils).get("compute_advantage")
+    if captured is None or getattr(captured, "setpo_wrapped", False):
+        refuse("verl.trainer.ppo.v1.utils.compute_advantage is not veRL's own function bound at import")
+    try:
+        from verl.workers.utils.padding import response_to_nested  # noqa: F401  (writes the shaped advantages back)
+    except ImportError:
+        refuse("verl.workers.utils.padding.response_to_nested, which writes the shaped advantages back, is gone")
+    _, tag = padding_utils.construct_minimal_padding_template({}, {}, 0)  # how veRL marks its padding rows
+    if tag.get("is_padding") is not True:
+        refuse(f"veRL's padding rows no longer carry the tag is_padding (their tag: {sorted(tag)})")
 
 
 def shape_sessions(
@@ -422,6 +455,7 @@ def install() -> None:
 
     wrappers: tuple[Any, ...] = (
         compute_advantage,
+        compute_data_metrics,
         _compute_advantage,
         v1_init,
         v0_init,
