@@ -73,15 +73,15 @@ def put_rollouts(tq, tokenizer, partition: str, rows=None, off_policy=None):
                 "rollout_log_probs": rollout_log_probs,
             }
         )
-    tags = [{"is_padding": False} for _ in keys]
+    tags = [{"is_padding": False, "seq_len": len(field["responses"]) + 8} for field in fields]  # as the agent loop
     return tq.kv_batch_put(
         keys=keys, fields=list_of_dict_to_tensordict(fields), partition_id=partition, tags=tags
     ), keys
 
 
-def trainer(tokenizer, rollout_correction=None, **setpo):
+def trainer(tokenizer, rollout_correction=None, estimator="grpo", **setpo):
     algorithm = {
-        "adv_estimator": "grpo",
+        "adv_estimator": estimator,
         "gamma": 1.0,
         "lam": 1.0,
         "norm_adv_by_std_in_grpo": True,
@@ -106,22 +106,47 @@ def advantages_per_row(tq, keys, partition) -> list[float]:
     return values
 
 
-def base_and_shaped(tq, tokenizer, name, rows=None, pad_to=None, policy=None, **kwargs):
+def balanced(tokenizer, meta, dp_size: int):
+    """veRL's own v1 _balance_batch on the step, for dp_size actor ranks: padding rows up to the batch multiple,
+    then every row reordered for equal work per rank, so padding rows land among the real ones."""
+    owner = types.SimpleNamespace(
+        config=OmegaConf.create(
+            {
+                "actor_rollout_ref": {"rollout": {"n": 3}, "actor": {"ppo_mini_batch_size": 1}},
+                "trainer": {"critic_warmup": 0},
+            }
+        ),
+        use_critic=False,
+        global_steps=1,
+        tokenizer=tokenizer,
+        actor_rollout_wg=types.SimpleNamespace(_dispatch_info={"actor": list(range(dp_size))}),
+    )
+    owner._get_required_batch_multiple = types.MethodType(PPOTrainer._get_required_batch_multiple, owner)
+    return PPOTrainer._balance_batch(owner, meta, metrics={})
+
+
+def base_and_shaped(tq, tokenizer, name, rows=None, pad_to=None, policy=None, dp_size=None, **kwargs):
     """veRL's own advantages and the plug-in's, each on its own copy of the same step: (base, shaped, metrics, keys).
-    policy: more algorithm.setpo settings (the diversity policy)."""
+    policy: more algorithm.setpo settings (the diversity policy); dp_size: balance the step first, as veRL does."""
     results = []
     for setpo in ({}, {"enable": True, "url": kwargs.pop("url"), "weight": WEIGHT, **(policy or {})}):
         partition = f"{name}-{'setpo' if setpo else 'base'}"
         meta, _ = put_rollouts(tq, tokenizer, partition, rows, kwargs.get("off_policy"))
         if pad_to:  # veRL's own synthetic padding rows, as the trainer adds them to make the batch divisible
             meta = upsample_batch_to_divisible_size(meta, pad_to, tokenizer.eos_token_id)
+        if dp_size:
+            meta = balanced(tokenizer, meta, dp_size)
         metrics = {}
         PPOTrainer._compute_advantage(
-            trainer(tokenizer, kwargs.get("rollout_correction"), **setpo), meta, metrics=metrics
+            trainer(tokenizer, kwargs.get("rollout_correction"), kwargs.get("estimator", "grpo"), **setpo),
+            meta,
+            metrics=metrics,
         )
-        results.append((advantages_per_row(tq, meta.keys, partition), metrics, meta.keys))
-    (base, _, keys), (shaped, metrics, _) = results
-    return base, shaped, metrics, keys
+        results.append((dict(zip(meta.keys, advantages_per_row(tq, meta.keys, partition))), metrics, meta.keys))
+    (base, _, keys), (shaped, metrics, shaped_keys) = results
+    if dp_size:  # each copy was balanced on its own (its padding rows are new): by key, in the shaped copy's order
+        return base, shaped, metrics, shaped_keys
+    return list(base.values()), list(shaped.values()), metrics, keys
 
 
 def test_v1_advantage_step_adds_weight_times_marginals_through_transfer_queue(
@@ -248,3 +273,42 @@ def test_a_multi_turn_row_is_embedded_as_its_turns_read_with_the_tool_output_lef
     texts = [["\n".join(turns), *ANSWERS["p0"][1:]], ANSWERS["p1"]]  # one turn a line, as the chat shows them
     marginals = [s for g in client.diversity([{"texts": t} for t in texts]).groups for s in g.marginals]
     assert shaped == pytest.approx([b + WEIGHT * s for b, s in zip(base, marginals)], abs=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo_vectorized"])
+def test_under_an_estimator_whose_baseline_counts_every_output_each_output_is_a_member(
+    transfer_queue, tokenizer, server, client, estimator
+):
+    # veRL's v1 step folds a multi-output session into one sample for "grpo" only; rloo and the others compare
+    # every output of the prompt, so SetPO's group is every output too
+    first_turn = "let me think: 48 halves to 24"
+    rows = [("p0", 0, 0, first_turn, 0.0), ("p0", 0, 1, ANSWERS["p0"][0], 1.0)]
+    rows += [("p0", s, 0, ANSWERS["p0"][s], REWARDS["p0"][s]) for s in (1, 2)]
+    rows += [("p1", s, 0, text, REWARDS["p1"][s]) for s, text in enumerate(ANSWERS["p1"])]
+    base, shaped, metrics, _ = base_and_shaped(
+        transfer_queue, tokenizer, f"rows-{estimator}", rows=rows, url=server.url, estimator=estimator
+    )
+    texts = [[first_turn, *ANSWERS["p0"]], ANSWERS["p1"]]  # p0: its 4 outputs, as the estimator's baseline has it
+    marginals = [s for g in client.diversity([{"texts": t} for t in texts]).groups for s in g.marginals]
+    assert shaped == pytest.approx([b + WEIGHT * s for b, s in zip(base, marginals)], abs=1e-6)
+    assert metrics["setpo/unscored_groups"] == 0
+
+
+def test_after_verls_real_balance_padding_among_real_rows_is_left_out_and_a_lone_sample_is_counted(
+    transfer_queue, tokenizer, server, client
+):
+    rows = [(uid, s, 0, text, REWARDS[uid][s]) for uid, texts in ANSWERS.items() for s, text in enumerate(texts)]
+    rows.append(("p2", 0, 0, "seventy-two, I think", 1.0))  # a group of 1: its other sessions failed
+    base, shaped, metrics, keys = base_and_shaped(
+        transfer_queue, tokenizer, "balanced", rows=rows, url=server.url, dp_size=4
+    )
+    real = [f"{uid}_{s}_0" for uid, texts in ANSWERS.items() for s in range(len(texts))]
+    padding = [key for key in keys if key.startswith("pad")]
+    assert len(keys) == 12 and len(padding) == 5  # 7 rows up to lcm(4 ranks, 3 a mini-batch)
+    assert keys.index(padding[0]) < max(keys.index(key) for key in real)  # reordered: padding among real rows
+    marginals = [s for g in client.diversity([{"texts": t} for t in ANSWERS.values()]).groups for s in g.marginals]
+    assert [shaped[key] for key in real] == pytest.approx(
+        [base[key] + WEIGHT * s for key, s in zip(real, marginals)], abs=1e-6
+    )
+    assert shaped["p2_0_0"] == base["p2_0_0"] and all(shaped[key] == 0 for key in padding)
+    assert metrics["setpo/unscored_groups"] == 1 and metrics["setpo/scored_groups"] == 2

@@ -24,9 +24,11 @@ advantage step, so SetPO applies to them unchanged; groups are the responses tha
 
 veRL 0.9.1 has two trainers and the plug-in wraps each at its advantage step:
 - v1 (default, trainer.use_v1=true): `PPOTrainer._compute_advantage` (v1/trainer_base.py) runs unchanged; then the responses
-  and advantages of the step are read from veRL's TransferQueue, shaped, and written back. As veRL's GRPO
-  does, a session (rows keyed {uid}_{session}_{index} by multi-output agent loops) is one member of its
-  group: its final output is embedded and its bonus broadcast to all its rows. Synthetic padding rows
+  and advantages of the step are read from veRL's TransferQueue, shaped, and written back. A member is what
+  veRL's estimator counts as one sample: under "grpo", as veRL's v1 GRPO does, a session (rows keyed
+  {uid}_{session}_{index} by multi-output agent loops) is one member of its group: its final output is
+  embedded and its bonus broadcast to all its rows; under the others (rloo, grpo_vectorized, ...), whose
+  baselines count every output, each row is a member. Synthetic padding rows
   (tag is_padding) are left out; rows that rollout correction rejected (response mask all 0) keep bonus 0
   and are not sent. The texts are read before veRL's step, whose rollout correction may zero single tokens
   of response_mask: the policy's answer is embedded whole, and the bonus lands only on the tokens veRL trains.
@@ -359,10 +361,16 @@ def generated_texts(batch, tokenizer) -> tuple[list[str | None], list]:
     return policy_texts(tokenizer, fields["responses"].unbind(), masks, masks), masks
 
 
-def shape_transfer_queue(batch, texts: list[str | None], shaper: SetpoShaper, started: float) -> dict[str, float]:
-    """v1: read the step's fresh advantages from TransferQueue, shape, write back. texts: generated_texts()."""
+def shape_transfer_queue(
+    batch, texts: list[str | None], estimator: str, shaper: SetpoShaper, started: float
+) -> dict[str, float]:
+    """v1: read the step's fresh advantages from TransferQueue, shape, write back. texts: generated_texts().
+    A member of a prompt's group is what veRL's estimator counts as one sample: under "grpo" veRL's v1 step folds
+    a multi-output session into its final output (utils.compute_advantage_for_multi_trajectories), so a session
+    is one member; every other estimator (rloo, grpo_vectorized, ...) compares every output, so each row is."""
     import transfer_queue as tq
     from tensordict import TensorDict
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
     from verl.workers.utils.padding import response_to_nested
 
     fields = tq.kv_batch_get(
@@ -376,10 +384,15 @@ def shape_transfer_queue(batch, texts: list[str | None], shaper: SetpoShaper, st
         fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object
     ).tolist()
     tags = batch.tags or [{}] * len(batch.keys)
-    sessions = []
+    sessions: list[tuple | None] = []
     for key, tag in zip(batch.keys, tags):
-        uid, session, index = key.rsplit("_", 2)  # veRL's agent loop key {uid}_{session}_{index}
-        sessions.append(None if tag.get("is_padding", False) else (f"{uid}_{session}", int(index)))
+        if tag.get("is_padding", False):
+            sessions.append(None)
+        elif estimator == AdvantageEstimator.GRPO:  # as veRL's GRPO reads the agent loop key {uid}_{session}_{index}
+            uid, session, index = key.rsplit("_", 2)
+            sessions.append((f"{uid}_{session}", int(index)))
+        else:
+            sessions.append((key, 0))
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
     padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
     # v1's advantage step reads the reward model's rm_scores as veRL's token_level_scores
@@ -442,7 +455,8 @@ def install() -> None:
         decoding = time.perf_counter() - decoding_started
         batch = original_method(self, batch, metrics)
         started = time.perf_counter() - decoding  # setpo/time_s: the plug-in's own work, not veRL's step between
-        metrics.update(shape_transfer_queue(batch, texts, shaper_for(settings), started))
+        estimator = self.config.algorithm.adv_estimator
+        metrics.update(shape_transfer_queue(batch, texts, estimator, shaper_for(settings), started))
         return batch
 
     def v1_init(self, config, *args, **kwargs):
