@@ -79,10 +79,10 @@ def algorithm(norm_by_std: bool = True, **setpo) -> object:
     return OmegaConf.create(config)
 
 
-def advantages(data: DataProto, config) -> torch.Tensor:
+def advantages(data: DataProto, config, estimator=AdvantageEstimator.GRPO) -> torch.Tensor:
     out = ray_trainer.compute_advantage(
         data,
-        adv_estimator=AdvantageEstimator.GRPO,
+        adv_estimator=estimator,
         num_repeat=G,
         norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
         config=config,
@@ -248,3 +248,15 @@ def test_legacy_per_token_rejection_and_tool_turns_leave_the_text_as_the_policy_
     assert torch.allclose(shaped - base, 0.25 * marginals[:, None] * trained, atol=1e-6)
     for batch in (base_out, out):  # the rollout's mask the plug-in kept does not travel on to veRL's workers
         assert "setpo_generated_mask" not in list(batch.batch.keys())
+
+
+@pytest.mark.parametrize(
+    "estimator", [AdvantageEstimator.RLOO, AdvantageEstimator.OPO, AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE]
+)
+def test_legacy_non_grpo_group_estimators_get_the_bonus_on_their_own_advantages(tokenizer, server, client, estimator):
+    settings = {"enable": True, "url": server.url, "weight": 0.35, "tokenizer": str(smollm2_path())}
+    base, _ = advantages(rollout_batch(tokenizer, REWARDS), algorithm(), estimator)
+    shaped, out = advantages(rollout_batch(tokenizer, REWARDS), algorithm(**settings), estimator)
+    marginals = torch.tensor([s for g in client.diversity([{"texts": g} for g in ANSWERS]).groups for s in g.marginals])
+    assert torch.allclose(shaped - base, 0.35 * marginals[:, None] * out.batch["response_mask"], atol=1e-5)
+    assert not torch.equal(base, torch.zeros_like(base))  # the estimator's own advantages are there underneath
