@@ -1,37 +1,8 @@
 """The LLM-judge client against a local stand-in server that speaks the OpenAI chat API."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from setpo_trainer.eval.judge import JudgeError, judge_diversity
-
-
-@pytest.fixture
-def judge_server():
-    """A real HTTP server on 127.0.0.1 answering /chat/completions with whatever `state["reply"]` says."""
-    state = {"reply": "[[4]]\nThree distinct strategies.", "status": 200, "requests": []}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            state["requests"].append({"path": self.path, "auth": self.headers.get("authorization"), "body": body})
-            answer = json.dumps({"choices": [{"message": {"role": "assistant", "content": state["reply"]}}]}).encode()
-            self.send_response(state["status"])
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1", state
-    server.shutdown()
 
 
 def test_score_and_reason_from_the_papers_prompt(judge_server):

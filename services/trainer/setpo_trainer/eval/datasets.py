@@ -5,6 +5,7 @@ question [question], answer [answer] for math problems, numbers [numbers] and ta
 Countdown, id [id, else the line number]. AIME24/25, AMC23, OlympiadBench or College Math work this way.
 """
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -106,6 +107,8 @@ def load_jsonl(
     needed += [prompt_field] if prompt_field else []
     try:
         rows = read_jsonl(path, needed)
+    except json.JSONDecodeError as exc:  # its message has no file name, and no field map would help
+        raise ValueError(f"{path} has a line that is not JSON ({exc})") from exc
     except ValueError as exc:
         raise ValueError(f"{exc} (map fields with --question-field/--answer-field/...)") from exc
     problems = []

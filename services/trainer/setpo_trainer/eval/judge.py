@@ -64,7 +64,7 @@ def judge_diversity(
     """(score 1-5, the judge's reason)."""
     if not url:
         raise JudgeError(
-            "no LLM judge configured: pass --judge-url (an OpenAI-compatible base URL, e.g. https://api.openai.com/v1) and --judge-key"
+            "no LLM judge configured: pass --judge-url (an OpenAI-compatible base URL, e.g. https://api.openai.com/v1) and its key (SETPO_JUDGE_KEY or --judge-key-file)"
         )
     body = {
         "model": model,
