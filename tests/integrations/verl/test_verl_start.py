@@ -265,3 +265,16 @@ def test_a_verl_whose_internals_the_plug_in_relies_on_moved_is_refused_at_start(
     change(monkeypatch)  # what a later veRL release may do
     with pytest.raises(RuntimeError, match=match):
         get_trainer_cls("sync")(config=verl_config(*setpo(server.url)))
+
+
+def test_a_legacy_style_trainer_whose_module_bound_veRLs_own_rollout_correction_is_refused(server, monkeypatch):
+    # a trainer module that imported compute_rollout_correction_and_add_to_batch before the plug-in wrapped it
+    # would hand the plug-in a response_mask with the rejected tokens cut out of the text
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    class MyTrainer(RayPPOTrainer):
+        pass
+
+    monkeypatch.setitem(globals(), "compute_rollout_correction_and_add_to_batch", lambda batch, config: (batch, {}))
+    with pytest.raises(RuntimeError, match=r"compute_rollout_correction_and_add_to_batch.*rejected tokens"):
+        check_start(verl_config(*setpo(server.url)), MyTrainer)

@@ -250,6 +250,7 @@ def check_trainer(trainer_class) -> None:
             for name, effect in (
                 ("compute_advantage", "train without SetPO"),
                 ("compute_data_metrics", "log no setpo/* metrics"),
+                ("compute_rollout_correction_and_add_to_batch", "embed texts with the rejected tokens cut out"),
             ):
                 if name in bound and not getattr(bound[name], "setpo_wrapped", False):
                     refuse(
