@@ -28,6 +28,7 @@ def test_this_environment_has_no_openrlhf():  # what the tests below stand on
     [
         ("setpo-train", f"setpo-train {VERSION} (openrlhf not installed)"),
         ("setpo-bandit", f"setpo-bandit {VERSION}"),
+        ("setpo-eval", f"setpo-eval {VERSION}"),
         ("setpo-server", f"setpo-server {importlib.metadata.version('setpo-server')}"),
     ],
 )

@@ -10,6 +10,7 @@ or --setpo-api-key-file, the judge's from SETPO_JUDGE_KEY or --judge-key-file.
 """
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -52,6 +53,9 @@ def fraction(text: str) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="setpo-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {importlib.metadata.version('setpo-trainer')}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="generate (or load) n samples per problem and score them")
