@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 import verl
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -120,7 +121,19 @@ def test_a_verl_outside_the_tested_range_is_said_at_start(server, monkeypatch, c
     monkeypatch.setattr(verl, "__version__", "0.10.0")
     with caplog.at_level(logging.WARNING, logger="setpo_client.verl"):
         check_start(verl_config(*setpo(server.url)), get_trainer_cls("sync"))
-    assert "tested with veRL 0.9.x; this is 0.10.0" in caplog.text
+    assert "is tested with veRL >=0.9,<0.10 (setpo-client[verl]); this is 0.10.0" in caplog.text
+
+
+def test_the_verl_extra_declares_the_range_the_plugin_accepts():
+    from packaging.requirements import Requirement
+
+    from setpo_client.integrations import verl as plugin
+
+    extras = tomllib.loads((Path(__file__).parents[3] / "clients/python/pyproject.toml").read_text())
+    (declared,) = [Requirement(r) for r in extras["project"]["optional-dependencies"]["verl"]]
+    assert declared.name == "verl" and declared.specifier == Requirement("verl" + plugin.TESTED_RANGE).specifier
+    for version in ("0.9.0", "0.9.1", "0.9.5", "0.8.3", "0.10.0"):  # the range and the no-warning prefixes agree
+        assert (version in declared.specifier) == version.startswith(plugin.TESTED_VERSIONS)
 
 
 @pytest.mark.parametrize(

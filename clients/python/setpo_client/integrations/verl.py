@@ -61,7 +61,10 @@ from setpo_client.shaping import SetpoShaper
 from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client.verl")
-TESTED_VERSIONS = ("0.9.",)  # veRL versions whose advantage steps this plug-in was tested against
+# veRL versions whose advantage steps this plug-in was tested against: the `verl` extra's range (tests/integrations/verl
+# checks they agree)
+TESTED_VERSIONS = ("0.9.",)
+TESTED_RANGE = ">=0.9,<0.10"
 # estimators that compare a prompt's samples with each other: SetPO's bonus is defined on those groups
 GROUP_ESTIMATORS = (
     "grpo",
@@ -209,8 +212,8 @@ def check_start(config, trainer_class) -> None:
     check_trainer(trainer_class)
     if not verl.__version__.startswith(TESTED_VERSIONS):
         log.warning(
-            "SetPO's veRL plug-in was tested with veRL %s; this is %s",
-            " / ".join(f"{v}x" for v in TESTED_VERSIONS),
+            "SetPO's veRL plug-in is tested with veRL %s (setpo-client[verl]); this is %s",
+            TESTED_RANGE,
             verl.__version__,
         )
     n, estimator = config.actor_rollout_ref.rollout.n, str(config.algorithm.adv_estimator)
