@@ -1,9 +1,10 @@
 """The experiment's finished runs, kept in the repository so that the full form can run over several sittings.
 
 A sitting on this project's machine ends after three hours and the full form takes longer (docs/experiments.md).
-`save` copies what the report reads of every finished run under --out (its train summary, and its evaluation's
-summary and samples, gzipped; not its model) to experiments/countdown_lm/results; `restore` copies them back, so
-that `python -m experiments.countdown_lm --out ...` skips those runs and goes on with the rest.
+`save` copies what the report reads of every finished run under --out (its train summary and log, and its
+evaluation's summary and samples; the big files gzipped; not its model) to experiments/countdown_lm/results;
+`restore` copies them back, so that `python -m experiments.countdown_lm --out ...` skips those runs and goes on
+with the rest.
 
     python -m experiments.countdown_lm.keep save --out out/countdown_lm
     python -m experiments.countdown_lm.keep restore --out out/countdown_lm
@@ -24,20 +25,27 @@ def finished(out: Path) -> list[Path]:
     )
 
 
+def pack(plain: Path, packed: Path) -> None:
+    with plain.open("rb") as source, gzip.open(packed, "wb", 9) as target:
+        shutil.copyfileobj(source, target)
+
+
+def unpack(packed: Path, plain: Path) -> None:
+    with gzip.open(packed, "rb") as source, plain.open("wb") as target:
+        shutil.copyfileobj(source, target)
+
+
 def save(out: Path, kept: Path = KEPT) -> int:
     done = finished(out)
     for evaluated in done:
         target = kept / evaluated.relative_to(out)
         target.mkdir(parents=True, exist_ok=True)
         shutil.copy2(evaluated / "summary.json", target / "summary.json")
-        with (
-            (evaluated / "samples.jsonl").open("rb") as samples,
-            gzip.open(target / "samples.jsonl.gz", "wb", 9) as packed,
-        ):
-            shutil.copyfileobj(samples, packed)
-        trained = evaluated.parent / "train_summary.json"
-        if trained.exists():  # a run's; the base model's evaluations have none
-            shutil.copy2(trained, target.parent / "train_summary.json")
+        pack(evaluated / "samples.jsonl", target / "samples.jsonl.gz")
+        run = evaluated.parent
+        if (run / "train_summary.json").exists():  # a run's; the base model's evaluations have none
+            shutil.copy2(run / "train_summary.json", target.parent / "train_summary.json")
+            pack(run / "log_history.json", target.parent / "log_history.json.gz")
     return len(done)
 
 
@@ -48,14 +56,11 @@ def restore(out: Path, kept: Path = KEPT) -> int:
         if (evaluated / "summary.json").exists():
             continue  # run here already: what is on disk wins
         evaluated.mkdir(parents=True, exist_ok=True)
-        with (
-            gzip.open(summary.parent / "samples.jsonl.gz", "rb") as packed,
-            (evaluated / "samples.jsonl").open("wb") as samples,
-        ):
-            shutil.copyfileobj(packed, samples)
-        trained = summary.parent.parent / "train_summary.json"
-        if trained.exists():
-            shutil.copy2(trained, evaluated.parent / "train_summary.json")
+        unpack(summary.parent / "samples.jsonl.gz", evaluated / "samples.jsonl")
+        run = summary.parent.parent
+        if (run / "train_summary.json").exists():
+            shutil.copy2(run / "train_summary.json", evaluated.parent / "train_summary.json")
+            unpack(run / "log_history.json.gz", evaluated.parent / "log_history.json")
         shutil.copy2(summary, evaluated / "summary.json")  # last: a summary on disk means the run is done
         restored += 1
     return restored

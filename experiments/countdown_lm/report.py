@@ -13,7 +13,7 @@ import random
 import shutil
 from collections import Counter
 from pathlib import Path
-from statistics import fmean, pstdev
+from statistics import fmean, median, pstdev
 
 from experiments.countdown_lm import arms, job
 from experiments.countdown_lm.arms import Config
@@ -65,6 +65,11 @@ def summarize(entries: list[dict]) -> dict:
     return summary
 
 
+def log_history(run: Path) -> list[dict]:
+    """A run's per-step log (TRL's log_history), as rl.py wrote it or keep.py restored it."""
+    return json.loads((run / "log_history.json").read_text())
+
+
 def seeds_of(out: Path, config: Config, seeds: tuple[int, ...], split: str) -> list[dict]:
     """One dict per seed: its eval summary (from the samples), its per-puzzle rows and its train summary."""
     found = []
@@ -72,6 +77,9 @@ def seeds_of(out: Path, config: Config, seeds: tuple[int, ...], split: str) -> l
         where = job.run_dir(out, config, seed)
         entries = puzzles_of(where / f"eval-{split}" / "samples.jsonl")
         train = json.loads((where / "train_summary.json").read_text())
+        # the bonus ratio's median over steps, from the log (rl.metric_means took the mean before 2026-11-25)
+        ratios = [step["setpo/bonus_ratio"] for step in log_history(where) if "setpo/bonus_ratio" in step]
+        train["bonus_ratio"] = median(ratios) if ratios else None
         found.append({"seed": seed, **summarize(entries), "puzzles": [per_puzzle(e) for e in entries], "train": train})
     return found
 

@@ -7,6 +7,7 @@ data, the steps and the hyperparameters."""
 import json
 import time
 from pathlib import Path
+from statistics import median
 
 import torch
 from datasets import Dataset
@@ -165,11 +166,15 @@ def train(
 
 def metric_means(history: list[dict]) -> dict:
     """What the run's log says about SetPO and learning: means over the run (time share from step 2 on,
-    as SetpoShaper logs it) and the reward at the start and the end."""
+    as SetpoShaper logs it; the bonus ratio's median) and the reward at the start and the end."""
 
     def mean(key, rows=history):
         values = [e[key] for e in rows if key in e]
         return sum(values) / len(values) if values else None
+
+    def middle(key):  # the median: in a step of nearly all-correct groups Dr. GRPO's advantages are ~0, the ratio huge
+        values = [e[key] for e in history if key in e]
+        return median(values) if values else None
 
     tenth = max(1, len(history) // 10)
     return {
@@ -183,7 +188,7 @@ def metric_means(history: list[dict]) -> dict:
         "duplicate_share": mean("setpo/duplicate_share"),
         "weight_mean": mean("setpo/weight"),
         "weight_last": mean("setpo/weight", history[-tenth:]),
-        "bonus_ratio": mean("setpo/bonus_ratio"),
+        "bonus_ratio": middle("setpo/bonus_ratio"),
         "scored_share": mean("setpo/scored_share"),
         "frac_reward_zero_std": mean("frac_reward_zero_std"),
     }

@@ -59,3 +59,4 @@ def test_quick_experiment_runs_every_stage_and_writes_every_metric(server, tmp_p
     first = len(phase_one(QUICK))
     assert table.startswith(f"{first} of {first} validation configs done")
     assert "\n| grpo | yes |" in table
+    assert progress(elsewhere, QUICK).split("\n", 1)[1] == table.split("\n", 1)[1]  # the same, from what was kept
