@@ -155,11 +155,12 @@ def test_request_over_a_limit_names_the_limit(limited, what, body, status, param
     assert post(limited, "/v1/diversity", {"groups": [OK_GROUP]}).status_code == 200
 
 
-def test_request_with_more_distinct_texts_than_the_queue_holds_is_422_not_429(limited):
+def test_request_with_more_distinct_texts_than_the_queue_holds_is_refused_not_429(limited):
     body = {"groups": [{"texts": list("abcd")}, {"texts": list("efgh")}]}
     assert post(limited, "/v1/diversity", body).status_code == 200  # 8 distinct texts fit in 10
     response = post(limited, "/v1/embeddings", {"input": list("abcdefghijk")})
-    assert response.status_code == 422 and "SETPO_MAX_QUEUE_TEXTS=10" in response.json()["error"]["message"]
+    # it can never fit, so it is invalid (400 on the OpenAI route), not a 429 to retry
+    assert response.status_code == 400 and "SETPO_MAX_QUEUE_TEXTS=10" in response.json()["error"]["message"]
 
 
 def test_body_streamed_without_content_length_is_limited_too(limited):

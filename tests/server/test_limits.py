@@ -116,7 +116,9 @@ def test_a_connection_whose_headers_do_not_arrive_in_time_gets_408_and_is_closed
     last = answer[answer.rfind(b"HTTP/1.1 ") :]
     assert last.startswith(b"HTTP/1.1 408"), answer
     assert b"SETPO_HEADER_TIMEOUT=2" in last and b"connection: close" in last.lower()
-    assert 2 <= took < 5, took  # not before the timeout, and not held until the caller gives up
+    # not before the timeout (the server's clock starts at the connection, a moment before ours), and not held
+    # until the caller gives up
+    assert 1.95 <= took < 5, took
     assert metric(limited, "setpo_connections_timed_out_total") == timed_out + 1
 
 
