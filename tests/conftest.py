@@ -1,10 +1,16 @@
 """Fixtures shared by the integration tests: the real setpo-server, on a free 127.0.0.1 port, with the
 real embedded model, driven over HTTP by the real client."""
 
+import os
+
 import pytest
 
 from setpo_client import SetpoClient
 from setpo_server.local import LocalServer
+
+# The suites compare served numbers with float32 references; SETPO_DTYPE=auto may choose bfloat16 on a CPU with AMX,
+# so every service a test starts runs float32 unless it names its dtype (tests/server/test_precision.py tests auto).
+os.environ.setdefault("SETPO_DTYPE", "float32")
 
 
 @pytest.fixture(scope="session")

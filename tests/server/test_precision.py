@@ -54,7 +54,7 @@ def test_bfloat16_is_kept_only_when_measured_faster_and_its_model_is_served(st_m
 
 
 def test_info_says_which_precision_auto_chose_and_its_marginals_match_float32(st_model):
-    with InProcessService() as service, service.client() as client:
+    with InProcessService(dtype="auto") as service, service.client() as client:
         info = client.info()
         served = torch.tensor([group.marginals for group in client.diversity([{"texts": g} for g in GROUPS]).groups])
     assert info.dtype_reason is not None and info.dtype_reason.startswith(f"auto: {info.dtype}")
