@@ -264,15 +264,43 @@ def the_padding_tag_is_renamed(monkeypatch):
     monkeypatch.setattr(padding_utils, "construct_minimal_padding_template", renamed)
 
 
+def the_agent_loop_keys_a_turn_too(monkeypatch):
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    async def postprocess(self, output, validate, **kwargs):  # a release that keys each turn of a session
+        outputs = output if isinstance(output, list) else [output]
+        return [f"{kwargs['uid']}_{kwargs['session_id']}_{turn}_{i}" for i, turn in enumerate(outputs)]
+
+    monkeypatch.setattr(AgentLoopWorkerTQ, "_agent_loop_postprocess", postprocess)
+
+
+def grpo_finds_a_sessions_final_output_another_way(monkeypatch):
+    from verl.trainer.ppo.v1 import utils
+
+    def by_tag(data, batch_keys, adv_estimator, **kwargs):  # a release that reads sessions from tags, not keys
+        return utils.compute_advantage(data, adv_estimator=adv_estimator, **kwargs)
+
+    monkeypatch.setattr(utils, "compute_advantage_for_multi_trajectories", by_tag)
+
+
 @pytest.mark.parametrize(
     "change,match",
     [
+        (the_agent_loop_keys_a_turn_too, r"\{uid\}_\{session_id\}_\{index\}"),
+        (grpo_finds_a_sessions_final_output_another_way, r"\{uid\}_\{session_id\}_\{index\}"),
         (v1_utils_imports_compute_advantage_when_called, r"verl.trainer.ppo.v1.utils.compute_advantage"),
         (v1_utils_imports_compute_advantage_after_the_plug_in, r"verl.trainer.ppo.v1.utils.compute_advantage"),
         (response_to_nested_moves, r"verl.workers.utils.padding.response_to_nested"),
         (the_padding_tag_is_renamed, r"is_padding"),
     ],
-    ids=["v1-utils-lazy-import", "v1-utils-sees-the-wrapper", "response_to_nested-moved", "padding-tag-renamed"],
+    ids=[
+        "agent-loop-key-format",
+        "grpo-session-reading",
+        "v1-utils-lazy-import",
+        "v1-utils-sees-the-wrapper",
+        "response_to_nested-moved",
+        "padding-tag-renamed",
+    ],
 )
 def test_a_verl_whose_internals_the_plug_in_relies_on_moved_is_refused_at_start(server, monkeypatch, change, match):
     change(monkeypatch)  # what a later veRL release may do

@@ -46,6 +46,7 @@ estimator is a group estimator, and the service is ready, accepts the key and sa
 while the command line enables SetPO stops the run instead of training without it.
 """
 
+import inspect
 import logging
 import sys
 import time
@@ -269,6 +270,18 @@ def check_trainer(trainer_class) -> None:
     captured = vars(v1_utils).get("compute_advantage")
     if captured is None or getattr(captured, "setpo_wrapped", False):
         refuse("verl.trainer.ppo.v1.utils.compute_advantage is not veRL's own function bound at import")
+    # the agent loop names a session's outputs {uid}_{session_id}_{i}; veRL's GRPO, and the plug-in after it
+    # (shape_transfer_queue), find a session's final output by splitting that key. Both happen inside functions,
+    # so their source is what can be checked: a release that keys rows another way stops the run here
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    writes = inspect.getsource(AgentLoopWorkerTQ._agent_loop_postprocess)
+    reads = inspect.getsource(v1_utils.compute_advantage_for_multi_trajectories)
+    if 'f"{uid}_{session_id}_{i}"' not in writes or 'key.rsplit("_", 2)' not in reads:
+        refuse(
+            "veRL's agent loop and GRPO no longer key a session's outputs {uid}_{session_id}_{index} "
+            "(verl.trainer.ppo.v1.agent_loop_tq, v1/utils.compute_advantage_for_multi_trajectories)"
+        )
     try:
         from verl.workers.utils.padding import response_to_nested  # noqa: F401  (writes the shaped advantages back)
     except ImportError:
