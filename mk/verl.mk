@@ -4,7 +4,8 @@
 VENV_VERL := .venv-verl
 VERL_STAMP := $(VENV_VERL)/.installed
 TEST_TARGETS += test-verl
-.PHONY: test-verl
+LOCK_TARGETS += lock-verl
+.PHONY: test-verl lock-verl
 
 $(VERL_STAMP): requirements/verl.lock clients/python/pyproject.toml services/trainer/pyproject.toml
 	$(call venv,$(VENV_VERL),-c requirements/verl.lock -e core -e 'clients/python[verl]' -e services/trainer \
@@ -12,3 +13,8 @@ $(VERL_STAMP): requirements/verl.lock clients/python/pyproject.toml services/tra
 
 test-verl: $(VERL_STAMP) $(STAMP)
 	$(VENV_VERL)/bin/python -m pytest -p no:cacheprovider tests/integrations/verl
+
+# Re-pin requirements/verl.lock from the current .venv-verl (everything but torch and our editables).
+lock-verl: $(VERL_STAMP)
+	{ sed -n '1p' requirements/verl.lock; $(VENV_VERL)/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements/verl.lock.new
+	mv requirements/verl.lock.new requirements/verl.lock
