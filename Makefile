@@ -67,13 +67,15 @@ demo: $(STAMP)
 
 # `make lock` re-pins every lock file a venv installs from, each from its own venv (pip freeze; a missing venv is
 # built first): the lock-* targets listed in LOCK_TARGETS, which each mk/*.mk extends, then server.lock, which is
-# resolved from dev.lock's new pins and so runs after them.
+# resolved from dev.lock's new pins and so runs after them. Each lock-* touches its venv's stamp after writing the lock
+# (the venv is what the lock now says), so a rewritten lock does not make the next `make test` rebuild the venv.
 lock: $(LOCK_TARGETS)
 	$(MAKE) --no-print-directory lock-server
 
 lock-dev: $(STAMP)
 	{ sed -n '1,2p' requirements/dev.lock; $(PIP) freeze --exclude-editable | grep -v '^torch=='; } > requirements/dev.lock.new
 	mv requirements/dev.lock.new requirements/dev.lock
+	touch $(STAMP)
 
 clean:
 	rm -rf $(VENV) .venv-* .pytest_cache .hypothesis

@@ -14,6 +14,7 @@ $(INFINITY_STAMP): requirements/infinity.lock
 lock-infinity: $(INFINITY_STAMP)
 	{ sed -n '1p' requirements/infinity.lock; $(VENV_INFINITY)/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements/infinity.lock.new
 	mv requirements/infinity.lock.new requirements/infinity.lock
+	touch $(INFINITY_STAMP)
 
 bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) benchmarks/loo_closed_form.py --plot docs/figures/loo_speedup.png

@@ -27,6 +27,7 @@ test-deploy: $(DEPLOY_STAMP) $(STAMP)
 lock-deploy: $(DEPLOY_STAMP)
 	{ sed -n '1p' requirements/deploy.lock; $(VENV_DEPLOY)/bin/python -m pip freeze --exclude-editable; } > requirements/deploy.lock.new
 	mv requirements/deploy.lock.new requirements/deploy.lock
+	touch $(DEPLOY_STAMP)
 
 # The service's runtime packages at dev.lock's versions, for the images (resolved, not installed).
 lock-server: $(DEPLOY_STAMP)

@@ -27,3 +27,4 @@ lock-openrlhf: $(OPENRLHF_STAMP)
 	{ sed -n '1,3p' requirements/openrlhf.lock; $(VENV_OPENRLHF)/bin/python -m pip freeze --all --exclude-editable \
 		| grep -v -i -E '^(pip|torch|openrlhf|deepspeed|llm[-_]math|llm[-_]smollm2)=='; } > requirements/openrlhf.lock.new
 	mv requirements/openrlhf.lock.new requirements/openrlhf.lock
+	touch $(OPENRLHF_STAMP)

@@ -17,3 +17,4 @@ test-trl: $(TRL_STAMP)
 lock-trl: $(TRL_STAMP)
 	{ sed -n '1p' requirements/trl.lock; $(VENV_TRL)/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements/trl.lock.new
 	mv requirements/trl.lock.new requirements/trl.lock
+	touch $(TRL_STAMP)

@@ -18,3 +18,4 @@ test-verl: $(VERL_STAMP) $(STAMP)
 lock-verl: $(VERL_STAMP)
 	{ sed -n '1p' requirements/verl.lock; $(VENV_VERL)/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements/verl.lock.new
 	mv requirements/verl.lock.new requirements/verl.lock
+	touch $(VERL_STAMP)
