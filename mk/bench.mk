@@ -35,7 +35,7 @@ bench-ab: $(STAMP)
 # 64 callers for 120 s (memory watched from minute 1 on), the hostile clients, and the fault suite.
 .PHONY: soak
 soak: $(STAMP)
-	SETPO_FUZZ_EXAMPLES=500 SETPO_FUZZ_MIN_CASES=1000 $(PY) -m pytest -s tests/reliability/test_fuzz.py
+	SETPO_FUZZ_EXAMPLES=500 SETPO_FUZZ_MIN_CASES=1000 $(PY) -m pytest -s tests/reliability/test_fuzz.py $(PYTEST_ARGS) $(PYTEST_NONE_OK)
 	$(PY) -m tests.reliability.load --duration 120 --callers 64 --out out/soak/load.json --plot docs/figures/soak_rss.png
 	$(PY) -m tests.reliability.hostile --full --out out/soak/hostile.json
-	$(PY) -m pytest tests/reliability/test_faults.py
+	$(PY) -m pytest tests/reliability/test_faults.py $(PYTEST_ARGS) $(PYTEST_NONE_OK)

@@ -15,14 +15,14 @@ $(DEPLOY_STAMP): requirements/deploy.lock
 	$(call venv,$(VENV_DEPLOY),-c requirements/deploy.lock $(DEPLOY_TOOLS),,none)
 
 test-deploy-config: $(DEPLOY_STAMP)
-	$(VENV_DEPLOY)/bin/python -m pytest --confcutdir=tests/deploy --ignore=tests/deploy/container tests/deploy
+	$(VENV_DEPLOY)/bin/python -m pytest --confcutdir=tests/deploy --ignore=tests/deploy/container tests/deploy $(PYTEST_ARGS) $(PYTEST_NONE_OK)
 
 # The container test runs in the root .venv: the client, setpo_core and the embedded model in this process are
 # the reference the container's answers are compared with. setup.sh installs podman and builds the base image.
 test-deploy: $(DEPLOY_STAMP) $(STAMP)
 	envs="$$(bash deploy/podman/setup.sh)" && eval "$$envs" && \
 	compose="$$($(VENV_DEPLOY)/bin/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')" && \
-	SETPO_COMPOSE="$$compose" SETPO_REQUIRE_CONTAINER=1 $(PY) -m pytest -s tests/deploy/container
+	{ SETPO_COMPOSE="$$compose" SETPO_REQUIRE_CONTAINER=1 $(PY) -m pytest -s tests/deploy/container $(PYTEST_ARGS) $(PYTEST_NONE_OK); }
 
 lock-deploy: $(DEPLOY_STAMP)
 	{ sed -n '1p' requirements/deploy.lock; $(VENV_DEPLOY)/bin/python -m pip freeze --exclude-editable; } > requirements/deploy.lock.new

@@ -42,3 +42,9 @@ def test_make_test_runs_lint_first_and_every_suite():
     assert all(any(s in line for line in pytest_lines) for s in suites), pytest_lines
     first_check = next(line for line in lines if "ruff check" in line or "-m pytest" in line)
     assert "ruff check" in first_check
+
+
+def test_pytest_args_reach_every_suite():
+    pytest_lines = [line for line in dry_run("test", "PYTEST_ARGS=-k readme -x") if "-m pytest" in line]
+    assert len(pytest_lines) >= 6, pytest_lines
+    assert all("-k readme -x" in line for line in pytest_lines), pytest_lines
