@@ -3,18 +3,14 @@
 A collapsed group is what mode collapse looks like; identical texts are embedded once, so it should cost
 about 1/G of a distinct group. Goal: <= 1/G + 0.05. 64 groups x G = 8 of GSM8K solutions, same lengths.
 
-    python benchmarks/collapsed_group.py
+    python -m benchmarks.collapsed_group
 """
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_vs_inprocess import gsm8k_rows
-
+from benchmarks.http_vs_inprocess import gsm8k_rows
 from setpo_client import SetpoClient
 from setpo_server.local import LocalServer
 
@@ -30,7 +26,7 @@ def main() -> None:
     collapsed = [{"texts": [solutions[i * size]] * size} for i in range(64)]  # one answer, G times
     with LocalServer() as server, SetpoClient(server.url, timeout=600) as client:
         client.diversity(distinct[:4])
-        times = {"distinct": [], "collapsed": []}
+        times: dict[str, list[float]] = {"distinct": [], "collapsed": []}
         for _ in range(args.repeats):
             for name, groups in (("distinct", distinct), ("collapsed", collapsed)):
                 start = time.perf_counter()

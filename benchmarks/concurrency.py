@@ -3,19 +3,15 @@
 The same 16 requests (4 groups x 6 GSM8K solutions each, all texts distinct) are sent one after another
 by one caller, then all at once by 16 callers; throughput ratio concurrent / sequential (goal >= 0.9).
 
-    python benchmarks/concurrency.py
+    python -m benchmarks.concurrency
 """
 
 import argparse
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_vs_inprocess import gsm8k_rows
-
+from benchmarks.http_vs_inprocess import gsm8k_rows
 from setpo_client import SetpoClient
 from setpo_server.local import LocalServer
 

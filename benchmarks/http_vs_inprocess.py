@@ -11,7 +11,7 @@ Workloads (texts are all distinct, so deduplication does not flatter the service
   gsm8k-64x6  64 prompts x 6 GSM8K-style solutions (the solutions alone, ~100 tokens)
   countdown   128 prompts x 7 Countdown-style answers (short)
 
-    python benchmarks/http_vs_inprocess.py [--repeats 5] [--workloads gsm8k-384 ...]
+    python -m benchmarks.http_vs_inprocess [--repeats 5] [--workloads gsm8k-384 ...]
 """
 
 import argparse
@@ -35,10 +35,10 @@ def workloads() -> dict[str, list[list[str]]]:
     long_texts = [f"Question: {r['question']}\nSolution: {r['answer']}" for r in rows[:384]]
     solutions = [r["answer"] for r in rows[384 : 384 + 64 * 6]]
     rng = random.Random(0)
-    countdown = []
+    countdown: list[list[str]] = []
     for p in range(128):
         numbers = rng.sample(range(1, 100), 4)
-        group = []
+        group: list[str] = []
         for _ in range(7):
             a, b, c, d = rng.sample(numbers, 4)
             ops = rng.choices("+-*/", k=3)

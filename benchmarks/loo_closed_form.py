@@ -7,18 +7,16 @@ float32 on the same kernels; max error is against the literal definition in floa
 pure-Python reference of the tests (tests/core/reference.py) is timed too ("vs python"), as the definition
 is usually implemented (the paper's Algorithm 1).
 
-    python benchmarks/loo_closed_form.py [--quick] [--plot docs/figures/loo_speedup.png]
+    python -m benchmarks.loo_closed_form [--quick] [--plot docs/figures/loo_speedup.png]
 """
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from setpo_core.diversity import SHAPES, cosine_kernel, set_diversity
 from tests.core import reference
 
@@ -41,7 +39,7 @@ def literal_marginals(kernel: torch.Tensor) -> torch.Tensor:
 
 def seconds(fn, min_time: float) -> float:
     """Median wall time of fn over repeats filling at least min_time (at least 3 runs)."""
-    times = []
+    times: list[float] = []
     while len(times) < 3 or sum(times) < min_time:
         start = time.perf_counter()
         fn()

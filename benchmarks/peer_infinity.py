@@ -10,22 +10,19 @@ Goal: setpo >= 1.2x infinity's throughput at equal or better p50.
 --dtype runs both in that precision (setpo SETPO_DTYPE, infinity --dtype): bfloat16 is what a CPU with AMX
 should serve in (docs/benchmarks.md section 9).
 
-    python benchmarks/peer_infinity.py [--compile] [--dtype bfloat16]   (needs .venv-infinity: make bench builds it)
+    python -m benchmarks.peer_infinity [--compile] [--dtype bfloat16]   (needs .venv-infinity: make bench builds it)
 """
 
 import argparse
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_vs_inprocess import workloads
-
+from benchmarks.http_vs_inprocess import workloads
 from setpo_server.backend import embedded_model_path
 from setpo_server.local import LocalServer, free_port
 
@@ -97,7 +94,7 @@ def main() -> None:
                 }
                 for call in calls.values():  # warm up each path once
                     timed(call)
-                seconds = {key: [] for key in calls}
+                seconds: dict[str, list[float]] = {key: [] for key in calls}
                 for _ in range(args.repeats):
                     for key, call in calls.items():
                         seconds[key].append(timed(call))
@@ -116,7 +113,7 @@ def main() -> None:
                 "setpo /v1/embeddings": lambda: http.post(setpo.url + "/v1/embeddings", json={"input": group}),
                 "infinity /embeddings": lambda: http.post(peer + "/embeddings", json={"model": model, "input": group}),
             }
-            latency = {key: [] for key in small}
+            latency: dict[str, list[float]] = {key: [] for key in small}
             for _ in range(args.latency_requests):
                 for key, call in small.items():
                     latency[key].append(timed(call))

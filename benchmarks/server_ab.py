@@ -8,7 +8,7 @@ and the paired ratio (the median of each round's own new/old ratio; > 1 = this c
 Workloads: the three of http_vs_inprocess.py (one caller), and `concurrent-16`: the countdown groups split over
 16 callers at once (what many trainers sharing a replica look like).
 
-    python benchmarks/server_ab.py --baseline HEAD [--repeats 5] [--workloads countdown ...]
+    python -m benchmarks.server_ab --baseline HEAD [--repeats 5] [--workloads countdown ...]
 """
 
 import argparse
@@ -20,8 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from http_vs_inprocess import workloads
-
+from benchmarks.http_vs_inprocess import workloads
 from setpo_client import SetpoClient
 from setpo_server.local import LocalServer
 

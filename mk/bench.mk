@@ -17,19 +17,19 @@ lock-infinity: $(INFINITY_STAMP)
 	touch $(INFINITY_STAMP)
 
 bench: $(STAMP) $(INFINITY_STAMP)
-	$(PY) benchmarks/loo_closed_form.py --plot docs/figures/loo_speedup.png
-	$(PY) benchmarks/http_vs_inprocess.py
-	$(PY) benchmarks/peer_infinity.py
-	$(PY) benchmarks/peer_infinity.py --compile
-	$(PY) benchmarks/peer_infinity.py --dtype bfloat16
-	$(PY) benchmarks/collapsed_group.py
-	$(PY) benchmarks/concurrency.py
+	$(PY) -m benchmarks.loo_closed_form --plot docs/figures/loo_speedup.png
+	$(PY) -m benchmarks.http_vs_inprocess
+	$(PY) -m benchmarks.peer_infinity
+	$(PY) -m benchmarks.peer_infinity --compile
+	$(PY) -m benchmarks.peer_infinity --dtype bfloat16
+	$(PY) -m benchmarks.collapsed_group
+	$(PY) -m benchmarks.concurrency
 
 # Before/after for a service change: this checkout's server against BASELINE's, interleaved, paired ratios.
 BASELINE ?= HEAD
 .PHONY: bench-ab
 bench-ab: $(STAMP)
-	$(PY) benchmarks/server_ab.py --baseline $(BASELINE)
+	$(PY) -m benchmarks.server_ab --baseline $(BASELINE)
 
 # The full forms of the reliability suites (their quick forms run in make test): > 1000 schemathesis cases,
 # 64 callers for 120 s (memory watched from minute 1 on), the hostile clients, and the fault suite.
