@@ -11,11 +11,11 @@ How it plugs in, without a copy of OpenRLHF's code:
    there, a wrong key, or groups the service would refuse stop here, before Ray starts or any GPU is touched.
 3. Ray. RAY_RUNTIME_ENV_HOOK (chained after one already set) makes OpenRLHF's own `ray.init` install our worker
    setup hook (ray_hook.py), so the trainer actor that OpenRLHF builds uses SetpoExperienceMaker.
-4. OpenRLHF's __main__ block then runs on the parsed arguments: its own checks, then `train(args)`.
+4. OpenRLHF's __main__ block then runs on the parsed arguments: its own checks, then `train(args)`, which starts
+   with `ray.init`. --setpo.check_only runs the same block with its `train` name bound to a function that stops.
 """
 
 import argparse
-import contextlib
 import importlib.metadata
 import math
 import os
@@ -23,7 +23,6 @@ import runpy
 import sys
 from collections.abc import Callable
 from typing import Any
-from unittest import mock
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.keys import load_key
@@ -59,17 +58,33 @@ class _ParserReady(Exception):
         self.parser = parser
 
 
-class _RayWouldStart(Exception):
-    pass
+class _ChecksPassed(Exception):
+    """OpenRLHF's __main__ block called train(args): every one of its checks passed (--setpo.check_only)."""
 
 
-def run_openrlhf_main(answer: Callable[[argparse.ArgumentParser], argparse.Namespace]) -> None:
+def _stop_before_ray(args: Any) -> None:
+    """Stands for OpenRLHF's train(args), whose first act is ray.init, under --setpo.check_only."""
+    raise _ChecksPassed
+
+
+def run_openrlhf_main(
+    answer: Callable[[argparse.ArgumentParser], argparse.Namespace], train: Callable[[Any], None] | None = None
+) -> None:
     """Runs train_ppo_ray's __main__ block as `python -m` would; its one parse_args() call gets `answer(parser)`.
-    parse_args is ours only for that one call: anything parsing later in this process parses normally."""
+    parse_args is ours only for that one call: anything parsing later in this process parses normally.
+    With `train`, the block's closing `train(args)` calls it instead of OpenRLHF's train: the block looks the name
+    up in the namespace runpy runs the module in (the globals of the code that calls parse_args), where the
+    module's top level has defined it by then."""
     original = argparse.ArgumentParser.parse_args
 
     def answer_once(parser, *args, **kwargs):
         argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+        if train is not None:
+            namespace = sys._getframe(1).f_globals
+            spec = namespace.get("__spec__")
+            if getattr(spec, "name", None) != OPENRLHF_MAIN or not callable(namespace.get("train")):
+                raise RuntimeError(f"{OPENRLHF_MAIN} parses its arguments elsewhere: is this OpenRLHF 0.11.2?")
+            namespace["train"] = train
         return answer(parser)
 
     argparse.ArgumentParser.parse_args = answer_once  # type: ignore[method-assign,assignment]
@@ -425,11 +440,14 @@ def main(argv: list[str] | None = None) -> None:
     if not vars(args)["setpo.check_only"]:
         run_openrlhf_main(lambda parser: args)  # OpenRLHF's own checks, then its train(args)
         return
-    # OpenRLHF checks its arguments between parsing and train(); train() starts with ray.init.
-    with mock.patch("ray.init", side_effect=_RayWouldStart), contextlib.suppress(_RayWouldStart):
-        run_openrlhf_main(lambda parser: args)
-        raise RuntimeError(f"{OPENRLHF_MAIN} finished without starting Ray: is this OpenRLHF 0.11.2?")
-    print("setpo-train: the arguments check out (OpenRLHF's and SetPO's); not starting Ray (--setpo.check_only)")
+    # OpenRLHF checks its arguments between parsing and its closing train(args), which starts with ray.init: the
+    # block runs as above, up to that call.
+    try:
+        run_openrlhf_main(lambda parser: args, train=_stop_before_ray)
+    except _ChecksPassed:
+        print("setpo-train: the arguments check out (OpenRLHF's and SetPO's); not starting Ray (--setpo.check_only)")
+        return
+    raise RuntimeError(f"{OPENRLHF_MAIN} finished without calling train(args): is this OpenRLHF 0.11.2?")
 
 
 if __name__ == "__main__":
