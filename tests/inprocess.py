@@ -18,6 +18,7 @@ import httpx
 from setpo_client import SetpoClient
 from setpo_server.app import create_app
 from setpo_server.settings import Settings
+from setpo_server.state import ServiceState
 
 
 class BlockingASGITransport(httpx.BaseTransport):
@@ -41,7 +42,8 @@ class InProcessService:
 
     def __init__(self, **settings: object):
         self.app = create_app(Settings(**settings))
-        self.app.state.shutdown = lambda: None  # a fatal failure must not SIGTERM the test run
+        self.state: ServiceState = self.app.state.setpo
+        self.state.shutdown = lambda: None  # a fatal failure must not SIGTERM the test run
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="setpo-inprocess")
         self.stack = AsyncExitStack()
@@ -53,9 +55,9 @@ class InProcessService:
 
     async def _start(self) -> None:
         await self.stack.enter_async_context(self.app.router.lifespan_context(self.app))
-        while self.app.state.batcher is None:  # the lifespan loads the model in the background
-            if self.app.state.load_error:
-                raise RuntimeError(self.app.state.load_error)
+        while self.state.batcher is None:  # the lifespan loads the model in the background
+            if self.state.load_error:
+                raise RuntimeError(self.state.load_error)
             await asyncio.sleep(0.05)
 
     def transport(self) -> BlockingASGITransport:

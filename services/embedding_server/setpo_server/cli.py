@@ -42,8 +42,10 @@ def main() -> None:
 
     from setpo_server.app import create_app
     from setpo_server.protocol import BoundedProtocol
+    from setpo_server.state import ServiceState
 
     app = create_app(settings, threads)
+    state: ServiceState = app.state.setpo
     # One process: the model lives once in memory, and the batcher sees every request to coalesce them.
     # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits.
     BoundedProtocol.header_timeout = settings.header_timeout
@@ -60,10 +62,10 @@ def main() -> None:
         http=BoundedProtocol,
     )
     server = uvicorn.Server(config)
-    app.state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below
+    state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below
     server.run()
-    if app.state.fatal:
-        print(f"setpo-server: stopped after a fatal failure: {app.state.fatal}", file=sys.stderr, flush=True)
+    if state.fatal:
+        print(f"setpo-server: stopped after a fatal failure: {state.fatal}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(1)  # not sys.exit: the interpreter would wait for a hung forward thread forever
 

@@ -1,15 +1,29 @@
-"""Every error leaves the service as {"error": {"message", "type", "param"}} with the right status."""
+"""Every error leaves the service as {"error": {"message", "type", "param"}} with the right status.
 
+The later stages raise their own errors, never HTTP types (the batcher's Overloaded, TooLarge and BatcherFailed,
+scoring's ScoringError): until_done_or_gone maps them to ApiError, and the exception handlers installed here
+turn every ApiError, validation error, HTTP error and crash into that body.
+"""
+
+import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from setpo_server.batcher import BatcherFailed, Overloaded, TooLarge
 from setpo_server.schemas import ErrorDetail, ErrorResponse
+from setpo_server.scoring import ScoringError
+from setpo_server.state import service
 
 log = logging.getLogger("setpo_server")
+
+LOADING_RETRY_AFTER = 5  # seconds; loading and warming a model takes about this long on CPU
+DISCONNECT_POLL_SECONDS = 0.25  # how often a waiting request checks that its caller is still there
 
 
 class ApiError(Exception):
@@ -46,6 +60,32 @@ def echoed(value: str, limit: int = 100) -> str:
 OPENAI_ROUTES = frozenset({"/v1/embeddings"})
 
 
+async def until_done_or_gone(request: Request, work: Awaitable[Any], param: str) -> Any:
+    """Await `work`, mapping the later stages' refusals to HTTP; a caller that disconnects has it cancelled."""
+    task = asyncio.ensure_future(work)
+    while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS))[0]:
+        if await request.is_disconnected():
+            task.cancel()
+            raise ApiError(499, "client closed the request; its work was dropped", "client_closed")
+    try:
+        return task.result()
+    except Overloaded as exc:
+        limit = getattr(service(request).settings, exc.setting.removeprefix("SETPO_").lower())
+        message = (
+            f"server is busy ({exc.queued_texts} texts, {exc.queued_tokens} tokens queued, {exc.setting}={limit}); "
+            f"retry after {exc.retry_after} s"
+        )
+        raise ApiError(429, message, "overloaded", retry_after=exc.retry_after) from None
+    except TooLarge as exc:
+        raise ApiError(422, str(exc), "invalid_request_error", param) from None
+    except BatcherFailed as exc:
+        raise ApiError(
+            503, f"the service failed and is restarting: {exc}", "unavailable", retry_after=LOADING_RETRY_AFTER
+        ) from None
+    except ScoringError as exc:
+        raise ApiError(422, exc.message, "invalid_request_error", exc.param) from None
+
+
 def error_response(error: ApiError, request: Request | None = None) -> JSONResponse:
     message = error.message if len(error.message) <= MAX_MESSAGE_CHARS else error.message[:MAX_MESSAGE_CHARS] + "..."
     body = ErrorResponse(error=ErrorDetail(message=message, type=error.type, param=error.param))
@@ -80,11 +120,6 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
     more = len(exc.errors()) - len(messages)
     message = "; ".join(messages) + (f" (and {more} more errors)" if more > 0 else "")
     return error_response(ApiError(422, message, "invalid_request_error", field_path(first["loc"])), request)
-
-
-def body_too_large(limit: int) -> ApiError:
-    message = f"request body is larger than SETPO_MAX_BODY_BYTES={limit} bytes; split the request"
-    return ApiError(413, message, "invalid_request_error", "body", unread_body=True)
 
 
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -1,29 +1,23 @@
-"""HTTP routes (the first stage of a request): the key before the body, limits, status codes, response models.
+"""HTTP routes (the first stage of a request), handlers only: each reads its body, checks the request's limits,
+calls the scoring stage and shapes the answer. The key (auth.py), admission and body limits (admission.py),
+the mapping of errors to HTTP (errors.py) and the OpenAPI additions (openapi.py) live in their own modules.
 
-Data routes read their own body: FastAPI would parse and validate it on the event loop (an 8 MB body of
-numbers holds the loop for a second or more); here it is read within SETPO_MAX_BODY_BYTES and
-SETPO_RECEIVE_TIMEOUT, then parsed by pydantic's JSON parser in a worker thread, which lets the loop run
-meanwhile. Probes are `async def`: they answer from the event loop and never wait for the worker threads.
+Probes are `async def`: they answer from the event loop and never wait for the worker threads.
 """
 
-import asyncio
 import base64
-import secrets
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
-from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect
 
 from setpo_core.diversity import unit_rows
-from setpo_server import CONTRACT_VERSION, __version__, metrics
-from setpo_server.batcher import Batcher, BatcherFailed, Overloaded, TooLarge
-from setpo_server.errors import ApiError, body_too_large, echoed
+from setpo_server import CONTRACT_VERSION, __version__
+from setpo_server.admission import check_answer_size, check_text_lengths, limit_in_progress, read_body, ready_batcher
+from setpo_server.auth import require_key
+from setpo_server.batcher import Batcher
+from setpo_server.errors import ApiError, echoed, until_done_or_gone
+from setpo_server.openapi import ERRORS, request_body
 from setpo_server.schemas import (
     DiversityRequest,
     DiversityResponse,
@@ -37,143 +31,11 @@ from setpo_server.schemas import (
     Model,
     ModelList,
 )
-from setpo_server.scoring import ScoringError, embed_texts, score_request
-from setpo_server.settings import Settings
-
-LOADING_RETRY_AFTER = 5  # seconds; loading and warming a model takes about this long on CPU
-DISCONNECT_POLL_SECONDS = 0.25  # how often a waiting request checks that its caller is still there
-# Bodies above this parse at most BIG_BODIES_AT_ONCE at a time: parsing costs up to ~37 bytes a JSON number
-# (docs/reliability.md), so this bounds the memory concurrent big bodies can claim together.
-BIG_BODY_BYTES = 1024 * 1024
-BIG_BODIES_AT_ONCE = 2
+from setpo_server.scoring import embed_texts, score_request
+from setpo_server.state import service
 
 router = APIRouter()
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 422, 429, 503)
-}
-Body = TypeVar("Body", bound=BaseModel)
-
-
-async def require_key(request: Request) -> None:
-    """Runs before the body is read: a wrong key costs the server a header compare, not a parse."""
-    key = request.app.state.settings.api_key
-    if key is None:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), key.get_secret_value().encode()):
-        message = "missing or wrong API key: send the header 'Authorization: Bearer <SETPO_API_KEY>'"
-        raise ApiError(401, message, "authentication_error", unread_body=True)
-
-
-async def ready_batcher(request: Request) -> Batcher:
-    batcher = request.app.state.batcher
-    if batcher is None or batcher.failure is not None:
-        raise ApiError(503, not_ready_message(request), "unavailable", retry_after=LOADING_RETRY_AFTER)
-    return batcher
-
-
-def not_ready_message(request: Request) -> str:
-    if request.app.state.load_error:
-        return f"model failed to load: {request.app.state.load_error}"
-    batcher = request.app.state.batcher
-    if batcher is not None and batcher.failure is not None:
-        return f"the service failed and is restarting: {batcher.failure}"
-    return "model is loading and warming up; retry shortly"
-
-
-async def limit_in_progress(request: Request) -> AsyncIterator[None]:
-    """At most SETPO_MAX_CONCURRENT_REQUESTS data requests at once; the next gets 503 before its body is read."""
-    state, limit = request.app.state, request.app.state.settings.max_concurrent_requests
-    if state.in_progress >= limit:
-        retry = state.batcher.retry_after() if state.batcher is not None else LOADING_RETRY_AFTER
-        message = f"server is busy ({state.in_progress} requests in progress, SETPO_MAX_CONCURRENT_REQUESTS={limit}); retry after {retry} s"
-        raise ApiError(503, message, "overloaded", retry_after=retry, unread_body=True)
-    state.in_progress += 1
-    metrics.REQUESTS_IN_PROGRESS.set(state.in_progress)
-    try:
-        yield
-    finally:
-        state.in_progress -= 1
-        metrics.REQUESTS_IN_PROGRESS.set(state.in_progress)
-
-
 DATA_ROUTE = [Depends(require_key), Depends(limit_in_progress)]  # in this order: the key first
-
-
-async def read_body(request: Request, model: type[Body]) -> Body:
-    """The body within SETPO_MAX_BODY_BYTES (413) and SETPO_RECEIVE_TIMEOUT (408), validated in a worker thread."""
-    settings: Settings = request.app.state.settings
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > settings.max_body_bytes:
-        raise body_too_large(settings.max_body_bytes)
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(settings.receive_timeout):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > settings.max_body_bytes:
-                    raise body_too_large(settings.max_body_bytes)
-                chunks.append(chunk)
-    except TimeoutError:
-        message = (
-            f"the body did not arrive within SETPO_RECEIVE_TIMEOUT={settings.receive_timeout} s ({size} bytes received)"
-        )
-        raise ApiError(408, message, "timeout", "body", unread_body=True) from None
-    except ClientDisconnect:
-        raise ApiError(499, "client closed the request while sending it", "client_closed") from None
-    body = b"".join(chunks)
-    del chunks
-    try:
-        if size <= BIG_BODY_BYTES:
-            return await run_in_threadpool(model.model_validate_json, body)
-        async with request.app.state.big_bodies:
-            return await run_in_threadpool(model.model_validate_json, body)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
-
-
-async def until_done_or_gone(request: Request, work: Awaitable[Any], param: str) -> Any:
-    """Await `work`, mapping the later stages' refusals to HTTP; a caller that disconnects has it cancelled."""
-    task = asyncio.ensure_future(work)
-    while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS))[0]:
-        if await request.is_disconnected():
-            task.cancel()
-            raise ApiError(499, "client closed the request; its work was dropped", "client_closed")
-    try:
-        return task.result()
-    except Overloaded as exc:
-        limit = getattr(request.app.state.settings, exc.setting.removeprefix("SETPO_").lower())
-        message = (
-            f"server is busy ({exc.queued_texts} texts, {exc.queued_tokens} tokens queued, {exc.setting}={limit}); "
-            f"retry after {exc.retry_after} s"
-        )
-        raise ApiError(429, message, "overloaded", retry_after=exc.retry_after) from None
-    except TooLarge as exc:
-        raise ApiError(422, str(exc), "invalid_request_error", param) from None
-    except BatcherFailed as exc:
-        raise ApiError(
-            503, f"the service failed and is restarting: {exc}", "unavailable", retry_after=LOADING_RETRY_AFTER
-        ) from None
-    except ScoringError as exc:
-        raise ApiError(422, exc.message, "invalid_request_error", exc.param) from None
-
-
-def check_text_lengths(texts: list[str], settings: Settings, param: str) -> None:
-    for j, text in enumerate(texts):
-        if len(text) > settings.max_text_chars:
-            message = f"text has {len(text)} characters, more than SETPO_MAX_TEXT_CHARS={settings.max_text_chars}"
-            raise ApiError(422, message, "invalid_request_error", f"{param}[{j}]")
-
-
-def check_answer_size(estimate: int, settings: Settings, param: str, advice: str) -> None:
-    """Refuse, before any work, an answer larger than SETPO_MAX_RESPONSE_BYTES: what a caller may make us hold
-    while it reads (slowly, or never) is bounded like what it may send."""
-    if estimate > settings.max_response_bytes:
-        message = (
-            f"the answer would take about {estimate} bytes, more than SETPO_MAX_RESPONSE_BYTES="
-            f"{settings.max_response_bytes}; {advice}send fewer inputs, or split the request"
-        )
-        raise ApiError(422, message, "invalid_request_error", param)
 
 
 @router.get("/health")
@@ -196,7 +58,8 @@ async def prometheus_metrics() -> Response:
 
 @router.get("/info", dependencies=[Depends(require_key)], responses=ERRORS)
 async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
-    settings, backend = request.app.state.settings, batcher.backend
+    state, backend = service(request), batcher.backend
+    settings = state.settings
     limits = Limits(
         **{**settings.model_dump(include=set(Limits.model_fields)), "max_batch_tokens": batcher.max_batch_tokens}
     )
@@ -211,7 +74,7 @@ async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> I
         dtype=str(backend.dtype).removeprefix("torch."),
         dtype_reason=backend.dtype_reason,
         compiled=settings.compile,
-        threads=request.app.state.threads,
+        threads=state.threads,
         truncate_chars=backend.max_chars,
         truncation_side=settings.truncation_side,
         shape=settings.shape,
@@ -235,46 +98,6 @@ async def model(model: str, request: Request, batcher: Batcher = Depends(ready_b
     return served_model(model if model != batcher.backend.model_path else served_names(request, batcher)[0], batcher)
 
 
-def served_names(request: Request, batcher: Batcher) -> list[str]:
-    """SETPO_SERVED_MODEL_NAME (as vLLM's --served-model-name), else the model's own name; the first names answers."""
-    return request.app.state.settings.served_model_name or [batcher.backend.name]
-
-
-def check_model_name(name: str, request: Request, batcher: Batcher, status: int, kind: str) -> None:
-    names = served_names(request, batcher)
-    if name not in (*names, batcher.backend.model_path):
-        message = f"this server serves model {' / '.join(map(repr, names))}, not {echoed(name)}"
-        raise ApiError(status, message, kind, "model")
-
-
-def served_model(name: str, batcher: Batcher) -> Model:
-    return Model(id=name, created=batcher.backend.created, owned_by="setpo")
-
-
-def request_body(model: type[BaseModel]) -> dict:
-    """OpenAPI for a body the route reads itself (publish_request_bodies adds the schema to the components)."""
-    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def publish_request_bodies(app: FastAPI) -> None:
-    """/openapi.json with the request models of the routes that read their own body (clients test against it)."""
-    default_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        schema = app.openapi_schema
-        if schema is None:
-            schema = default_openapi()  # also kept as app.openapi_schema
-            _, definitions = models_json_schema(
-                [(DiversityRequest, "validation"), (EmbeddingsRequest, "validation")],
-                ref_template="#/components/schemas/{model}",
-            )
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend its schema
-
-
 @router.post(
     "/v1/diversity",
     dependencies=DATA_ROUTE,
@@ -285,7 +108,7 @@ def publish_request_bodies(app: FastAPI) -> None:
 async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Response:
     """Leave-one-out marginals, local masses and set scores per group; shaped advantages where rewards are given.
     Contract v1.1 (keys, min_reward, kernel, normalize) adds each group's `scored` and `bonus` and the `weight`."""
-    settings: Settings = request.app.state.settings
+    settings = service(request).settings
     body = await read_body(request, DiversityRequest)
     if len(body.groups) > settings.max_groups:
         message = f"request has {len(body.groups)} groups, more than SETPO_MAX_GROUPS={settings.max_groups}; split it"
@@ -323,7 +146,7 @@ async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher))
 )
 async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Response:
     """OpenAI-compatible embeddings: unit-length vectors, as floats or base64 little-endian float32."""
-    settings: Settings = request.app.state.settings
+    settings = service(request).settings
     body = await read_body(request, EmbeddingsRequest)
     backend = batcher.backend
     if body.model is not None:
@@ -359,3 +182,20 @@ async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)
         ).model_dump_json(exclude_none=True)
 
     return Response(await run_in_threadpool(serialised), media_type="application/json")
+
+
+# The names the model routes answer to, shared by the handlers above.
+def served_names(request: Request, batcher: Batcher) -> list[str]:
+    """SETPO_SERVED_MODEL_NAME (as vLLM's --served-model-name), else the model's own name; the first names answers."""
+    return service(request).settings.served_model_name or [batcher.backend.name]
+
+
+def check_model_name(name: str, request: Request, batcher: Batcher, status: int, kind: str) -> None:
+    names = served_names(request, batcher)
+    if name not in (*names, batcher.backend.model_path):
+        message = f"this server serves model {' / '.join(map(repr, names))}, not {echoed(name)}"
+        raise ApiError(status, message, kind, "model")
+
+
+def served_model(name: str, batcher: Batcher) -> Model:
+    return Model(id=name, created=batcher.backend.created, owned_by="setpo")

@@ -1,5 +1,6 @@
 """The scoring stage: a request's texts become rows once, each group gets its slice of them, and the groups are
-scored in chunks through setpo_core (DESIGN.md: one stage per module). It raises ScoringError, never HTTP types.
+scored in chunks through setpo_core. It raises ScoringError, never HTTP types (errors.py maps it). One stage per
+module: docs/development.md, "A request's path through the service".
 """
 
 import torch

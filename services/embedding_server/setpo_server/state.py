@@ -1,0 +1,35 @@
+"""The process's state: one typed object, built by create_app and kept as app.state.setpo."""
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from setpo_server.batcher import Batcher
+from setpo_server.settings import Settings
+
+
+def stop_by_signal() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn stops gracefully on SIGTERM
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    threads: int  # what runtime.use_threads set (reported by /info)
+    big_bodies: asyncio.Semaphore  # admission.read_body: big bodies parse a few at a time
+    # how the service stops itself after a fatal failure; `setpo-server` sets uvicorn's graceful exit
+    shutdown: Callable[[], None] = stop_by_signal
+    batcher: Batcher | None = None  # set once the model is loaded and warm (app.load_model)
+    load_error: str | None = None  # why the model did not load
+    fatal: str | None = None  # why the service stopped itself (app.stop_process); `setpo-server` then exits 1
+    in_progress: int = 0  # data requests being served (admission.limit_in_progress)
+
+
+def service(request: Request) -> ServiceState:
+    """The state, for handlers and dependencies. A plain call, not a FastAPI dependency: FastAPI runs a sync
+    dependency in a worker thread, and the probes must never wait for one."""
+    return request.app.state.setpo
