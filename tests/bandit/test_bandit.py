@@ -51,11 +51,10 @@ def test_setpo_metrics_are_logged_every_step(client):
 
 def test_the_demo_fits_on_one_screen_and_says_what_its_step_share_means(server, tmp_path):
     command = [sys.executable, "-m", "setpo_trainer.bandit", "--url", server.url, "--out", str(tmp_path)]
-    quiet = subprocess.run(
-        [*command, "--steps", "30", "--seeds", "0", "1"], capture_output=True, text=True, timeout=300
-    )
+    # bytes: text=True would turn tqdm's carriage returns (a bar redrawn in place) into newlines
+    quiet = subprocess.run([*command, "--steps", "30", "--seeds", "0", "1"], capture_output=True, timeout=300)
     assert quiet.returncode == 0, quiet.stderr
-    output = quiet.stdout + quiet.stderr
+    output = (quiet.stdout + quiet.stderr).decode()
     assert "HTTP Request" not in output  # 120 requests, none of them a line of their own
     assert output.count("\n") <= 30, output  # a screen, with tqdm's bar redrawn in place
     assert "| mean |" in output and str(tmp_path / "mode_probabilities.png") in output
@@ -104,3 +103,12 @@ def test_bad_controller_flags_fail_before_the_service_starts(capsys):
     with pytest.raises(SystemExit):
         bandit.parse_args(["--url", "x", "--out", "x", "--target-ratio", "0.3", "--min-weight", "0"])
     assert "min_weight" in capsys.readouterr().err
+
+
+def test_groups_larger_than_the_service_takes_stop_the_run_at_start(tmp_path):
+    from setpo_server.local import LocalServer
+
+    with LocalServer(max_group_size=4) as small, pytest.raises(SystemExit) as stopped:
+        bandit.main(["--url", small.url, "--out", str(tmp_path), "--group-size", "6", "--seeds", "0", "--steps", "2"])
+    assert "groups of 6 responses" in str(stopped.value) and "lower --group-size" in str(stopped.value)
+    assert not (tmp_path / "results.json").exists()  # nothing trained

@@ -115,6 +115,23 @@ def test_a_group_over_the_services_size_gets_zero_and_is_counted(tight_server):
     assert step.bonus[0] == [0.0] * 6 and step.marginals[1] is not None and step.metrics["setpo/unscored_groups"] == 1
 
 
+def test_start_proves_what_every_plug_in_needs_and_names_the_setting_as_the_plug_in_spells_it(tight_server):
+    client = SetpoClient(tight_server.url, api_key=KEY, max_retries=0)
+    flags = {"group_size": "--rollout.n", "estimator": "--estimator", "max_chars": "--chars"}.get
+    info = SetpoShaper(client, weight=1.0).start(5, "grpo", ("grpo", "rloo"), flags, ready_timeout=5)
+    assert info.limits.max_group_size == 5  # learned: the shaper fits every step to it
+    with pytest.raises(ValueError, match=r"needs --rollout.n >= 3 .*got 2"):
+        SetpoShaper(client, weight=1.0).start(2, spell=flags)
+    with pytest.raises(ValueError, match=r"group advantage estimator \(grpo, rloo\); got --estimator=gae"):
+        SetpoShaper(client, weight=1.0).start(4, "gae", ("grpo", "rloo"), flags)
+    with pytest.raises(SetpoError, match=r"groups of 6 responses.* at most 5.*lower --rollout.n"):
+        SetpoShaper(client, weight=1.0).start(6, spell=flags, ready_timeout=5)
+    with pytest.raises(SetpoError, match=r"--chars 500: the service takes texts of at most 100"):
+        SetpoShaper(client, weight=1.0, max_chars=500).start(4, spell=flags, ready_timeout=5)
+    with pytest.raises(SetpoError, match=r"is not usable.*key"):
+        SetpoShaper(SetpoClient(tight_server.url, api_key="the-old-key", max_retries=0), 1.0).start(4, ready_timeout=5)
+
+
 def test_a_rotated_key_trains_on_with_zero_under_skip_logged_with_the_services_message(tight_server, caplog):
     client = SetpoClient(tight_server.url, api_key="the-old-key", max_retries=0)
     with caplog.at_level("ERROR", logger="setpo_client"):

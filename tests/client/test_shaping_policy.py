@@ -12,6 +12,7 @@ import pytest
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.keys import countdown_expression
+from setpo_client.policy import diversity_policy
 from setpo_client.shaping import SetpoShaper
 from setpo_client.weight import WeightController
 
@@ -117,6 +118,63 @@ def test_the_controller_steers_the_bonus_to_the_target_ratio_and_logs_the_weight
 def test_bad_policy_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SetpoShaper(SetpoClient(), **kwargs)
+
+
+def test_a_controller_cannot_steer_a_weight_of_zero():  # it would raise lambda to min_weight: SetPO on
+    with pytest.raises(ValueError, match="first step's lambda: it must be > 0"):
+        SetpoShaper(SetpoClient(), weight=0.0, controller=WeightController(target_ratio=0.3))
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"kernel": "hybrid"}, r"--s.kernel=hybrid compares solution keys: give --s.key"),
+        ({"key": "countdown_expression"}, r"--s.key is used by --s.kernel=hybrid or key only"),
+        ({"kernel": "key", "key": "countdown"}, r"--s.key countdown: .*'countdown'"),
+        ({"kernel": "cosine"}, r"--s.kernel must be one of embedding, hybrid, key"),
+        ({"normalize": "rank"}, r"--s.normalize must be one of none, zscore"),
+        ({"min_reward": float("nan")}, r"--s.min_reward must be a finite number"),
+        (
+            {"min_weight": 0.1, "freeze_after": 3},
+            r"--s.min_weight, --s.freeze_after steer lambda: they need --s.target_ratio",
+        ),
+        ({"target_ratio": 0.3, "weight": 0.0}, r"--s.target_ratio steers lambda from --s.weight"),
+        (
+            {"target_ratio": 0.3, "weight": 0.1, "min_weight": 2.0, "max_weight": 1.0},
+            r"--s.min_weight 2.0 is above --s.max_weight 1.0",
+        ),
+        ({"target_ratio": 0.3, "weight": 0.1, "weight_ema": 1.0}, r"--s.weight_ema must be in \[0, 1\)"),
+        ({"target_ratio": -1.0, "weight": 0.1}, r"--s.target_ratio and its bounds: target_ratio must be"),
+    ],
+)
+def test_every_plug_in_s_policy_is_checked_in_one_place_naming_the_setting_as_its_user_spells_it(settings, match):
+    with pytest.raises(ValueError, match=match):
+        diversity_policy(settings, spell=lambda name: f"--s.{name}")
+
+
+def test_a_policy_from_settings_is_what_the_shaper_takes():
+    settings = {
+        "weight": 0.1,
+        "min_reward": 1.0,
+        "key": "countdown_expression",
+        "kernel": "hybrid",
+        "target_ratio": 0.3,
+    }
+    policy = diversity_policy({**settings, "warmup_steps": 4, "weight_ema": 0.5})
+    assert policy["key"] is countdown_expression and policy["kernel"] == "hybrid" and policy["normalize"] == "none"
+    assert (policy["controller"].target_ratio, policy["controller"].warmup_steps, policy["controller"].ema) == (
+        0.3,
+        4,
+        0.5,
+    )
+    assert diversity_policy({}) == {
+        "min_reward": None,
+        "key": None,
+        "kernel": "embedding",
+        "normalize": "none",
+        "controller": None,
+    }
+    SetpoShaper(SetpoClient(), 0.1, **policy)  # taken as it is
 
 
 class FakeService(BaseHTTPRequestHandler):

@@ -87,7 +87,7 @@ def test_help_lists_every_openrlhf_flag_and_ours(capsys):
             ["--actor.policy_loss_type", "grpo"],
             "argument --actor.policy_loss_type: invalid choice: 'grpo'",
         ),  # OpenRLHF's own check
-        (["--algo.advantage.estimator", "gae"], "--setpo.weight > 0 needs a group advantage estimator"),
+        (["--algo.advantage.estimator", "gae"], "SetPO needs a group advantage estimator"),
         (["--rollout.n_samples_per_prompt", "2"], "needs --rollout.n_samples_per_prompt >= 3"),
         (["--setpo.max_chars", "200000"], "the service takes texts of at most 100000 characters"),
     ],
@@ -133,9 +133,9 @@ def test_diversity_policy_flags_reach_the_trainer_args_through_openrlhfs_hierarc
         (["--setpo.key", "no_such_key"], "--setpo.key no_such_key: key function 'no_such_key': give one of"),
         (["--setpo.key", "os:no_such_function"], "--setpo.key os:no_such_function: key function"),
         (["--setpo.key", "os:sep"], "--setpo.key os:sep: key function 'os:sep' is not callable"),
-        (["--setpo.kernel", "hybrid"], "--setpo.kernel hybrid compares solution keys: pass --setpo.key"),
-        (["--setpo.kernel", "key"], "--setpo.kernel key compares solution keys: pass --setpo.key"),
-        (["--setpo.key", "countdown_expression"], "--setpo.key is used by --setpo.kernel hybrid or key"),
+        (["--setpo.kernel", "hybrid"], "--setpo.kernel=hybrid compares solution keys: give --setpo.key"),
+        (["--setpo.kernel", "key"], "--setpo.kernel=key compares solution keys: give --setpo.key"),
+        (["--setpo.key", "countdown_expression"], "--setpo.key is used by --setpo.kernel=hybrid or key"),
         (["--setpo.kernel", "cosine"], "argument --setpo.kernel: invalid choice: 'cosine'"),
         (["--setpo.normalize", "l2"], "argument --setpo.normalize: invalid choice: 'l2'"),
         (["--setpo.min_reward", "nan"], "--setpo.min_reward must be a finite number, got nan"),
@@ -331,7 +331,7 @@ def test_an_empty_variable_passes_no_flag_and_an_argument_wins(tiny_model, serve
 def test_a_recipes_diversity_policy_is_checked_like_its_flags(tiny_model, server, tmp_path):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     run = run_recipe("countdown_grpo.sh", {**env, **RECIPE_ENV["countdown_grpo.sh"], "SETPO_KERNEL": "hybrid"})
-    assert run.returncode == 2 and "--setpo.kernel hybrid compares solution keys: pass --setpo.key" in run.stderr
+    assert run.returncode == 2 and "--setpo.kernel=hybrid compares solution keys: give --setpo.key" in run.stderr
 
 
 def test_countdown_recipe_needs_its_grid_values(tiny_model, server, tmp_path):

@@ -5,7 +5,7 @@ timing and its SetPO metrics under one set of names.
     shaper = SetpoShaper(SetpoClient(url), weight=0.05, on_error="skip")              # the paper's form
     shaper = SetpoShaper(SetpoClient(url), weight=0.5, min_reward=1.0, key=countdown_expression,
                          kernel="hybrid", normalize="zscore", controller=WeightController(target_ratio=0.3))
-    shaper.check()                                   # at start: the service is ready, the key works, its limits
+    shaper.start(group_size=8)                       # at start: groups scoreable, service ready, key works, limits
     step = shaper.score(texts_per_group, rewards=..., advantages=...)  # a member may be None: not scorable
     for group, bonus in zip(groups, step.bonus): advantages_of(group) += bonus   # the service's bonus
     logger.log(step.metrics)
@@ -31,22 +31,21 @@ The degrade policy, for every integration:
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from statistics import fmean, pstdev
 from typing import Literal
 
 from setpo_client.client import SetpoClient, json_body
 from setpo_client.errors import SetpoError
-from setpo_client.types import GroupResult, Info, Kernel, Normalize
+from setpo_client.policy import KERNELS, NORMALIZATIONS
+from setpo_client.types import GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client")
 
 OnError = Literal["skip", "fail"]
 MIN_GROUP = 3  # leave-one-out marginals need pairs left after removing one member
-KERNELS = ("embedding", "hybrid", "key")
-NORMALIZATIONS = ("none", "zscore")
 
 
 @dataclass
@@ -87,6 +86,10 @@ class SetpoShaper:
         if min_reward is not None and not math.isfinite(min_reward):
             raise ValueError(f"min_reward must be a finite number, got {min_reward}")
         if controller is not None:
+            if weight <= 0:  # the controller would raise it to min_weight: SetPO on where the weight says off
+                raise ValueError(
+                    "a WeightController steers lambda from weight, the first step's lambda: it must be > 0"
+                )
             controller.start(weight)
             weight = controller.weight
         self.client, self.weight, self.on_error, self.max_chars = client, weight, on_error, max_chars
@@ -99,6 +102,43 @@ class SetpoShaper:
         self.fallback_steps = 0
         self.unscored_groups = 0
         self.previous_start: float | None = None  # the previous step's start: one training step ago
+
+    def start(
+        self,
+        group_size: int,
+        estimator: str | None = None,
+        supported: Collection[str] = (),
+        spell: Callable[[str], str] = str,
+        ready_timeout: float = 120.0,
+    ) -> Info:
+        """What every plug-in proves at start, before any worker starts (after its own check that its hook took):
+        its groups can be scored (group_size >= 3), by an advantage estimator SetPO supports (when the framework
+        has a choice), and check(): the service is ready, accepts the key, speaks contract 1.1 and tells its
+        limits, which take groups of group_size and texts of max_chars. ValueError for the plug-in's settings,
+        SetpoError for the service; each names what to change as the plug-in's user spells it (spell('group_size'),
+        spell('estimator'), spell('max_chars'))."""
+        if group_size < MIN_GROUP:
+            raise ValueError(
+                f"SetPO needs {spell('group_size')} >= {MIN_GROUP} (leave-one-out marginals), got {group_size}"
+            )
+        if estimator is not None and estimator not in supported:
+            raise ValueError(
+                f"SetPO needs a group advantage estimator ({', '.join(supported)}); got {spell('estimator')}={estimator}"
+            )
+        info = self.check(ready_timeout)
+        limits = info.limits
+        largest = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+        if group_size > largest:  # such a group would never be scored
+            raise SetpoError(
+                f"groups of {group_size} responses; the service at {self.client.base_url} takes at most {largest}. "
+                f"Raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS) on the service, or lower {spell('group_size')}."
+            )
+        if (self.max_chars or 0) > limits.max_text_chars:
+            raise SetpoError(
+                f"{spell('max_chars')} {self.max_chars}: the service takes texts of at most {limits.max_text_chars} "
+                "characters; lower it, or raise SETPO_MAX_TEXT_CHARS on the service"
+            )
+        return info
 
     def check(self, ready_timeout: float = 120.0) -> Info:
         """At start, before any worker starts: the service is ready, accepts the key (/info needs it), speaks
@@ -141,25 +181,36 @@ class SetpoShaper:
             raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
         weight = self.weight
         scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
-        bonus = [[0.0] * len(group) for group in groups]
-        found: list[list[float] | None] = [None] * len(groups)
-        scored: list[tuple[int, GroupResult]] = []
         counts = {"unscored": 0, "small_scope": 0, "bad": 0, "cut": 0, "requests": 0}
+        answered: list[tuple[int, GroupResult]] = []  # (group index, the service's answer) for every group sent
         failed = False
         if weight > 0 and groups:
             deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
             try:
-                scored = self.request_step(groups, scorable, rewards, keys, weight, counts, deadline)
+                if self.info is None:
+                    self.info = self.learn_info(deadline)
+                payloads = self.payloads(groups, scorable, rewards, keys, counts)  # 1. what can be scored
+                envelope = {"groups": [], "weight": weight, "kernel": self.kernel, "normalize": self.normalize}
+                if self.min_reward is not None:
+                    envelope["min_reward"] = self.min_reward
+                batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits
+                    payloads, self.info, envelope, self.max_chars
+                )
+                answered = self.send(batches, weight, counts, deadline)  # 3. the service's answers
             except Exception as exc:
-                self.fall_back(exc)
+                self.fall_back(exc)  # 4. the fault policy: stop, or this step with lambda = 0
                 failed = True
-        for index, result in scored:  # the service's bonus back onto the members that were sent
+
+        bonus = [[0.0] * len(group) for group in groups]  # 5. the service's bonus back onto the members sent
+        found: list[list[float] | None] = [None] * len(groups)
+        for index, result in answered:
             for row, value in zip(scorable[index], result.bonus or []):
                 bonus[index][row] = value
             found[index] = result.marginals
         marginals = None if failed or weight == 0 else found  # None: nothing was asked of the service
-        self.unscored_groups += counts["unscored"]
-        metrics = self.step_metrics(groups, scorable, rewards, advantages, bonus, scored, counts, weight, marginals)
+
+        self.unscored_groups += counts["unscored"]  # 6. metrics, the controller's next lambda, the step's time
+        metrics = self.step_metrics(groups, scorable, rewards, advantages, bonus, answered, counts, weight, marginals)
         if self.controller is not None and marginals is not None:
             self.controller.update(metrics["setpo/bonus_rms"], metrics.get("setpo/advantage_rms", 0.0))
             self.weight = self.controller.weight
@@ -170,20 +221,17 @@ class SetpoShaper:
         self.previous_start = start
         return ShapedStep(bonus, marginals, metrics)
 
-    def request_step(
+    def payloads(
         self,
         groups: Sequence[Sequence],
         scorable: list[list[int]],
         rewards: Sequence[Sequence[float]] | None,
         keys: Sequence[Sequence[str | None]] | None,
-        weight: float,
         counts: dict[str, int],
-        deadline: float | None,
-    ) -> list[tuple[int, GroupResult]]:
-        """The step's scorable groups as v1.1 payloads, fitted into requests, sent within the step's deadline;
-        (group index, the service's answer for it) for every group sent."""
-        if self.info is None:
-            self.info = self.learn_info(deadline)
+    ) -> list[tuple[int, dict, int]]:
+        """(group index, v1.1 group payload, members) for every group worth sending: a group with fewer than 3
+        members reaching min_reward would be answered zeros (counted small_scope), one whose own members cannot
+        be sent goes unshaped alone (counted bad)."""
         payloads = []
         for index, rows in enumerate(scorable):
             members = [groups[index][row] for row in rows]
@@ -195,20 +243,22 @@ class SetpoShaper:
                 payload["rewards"] = [float(rewards[index][row]) for row in rows]
                 reaching = sum(r >= self.min_reward for r in payload["rewards"]) if self.min_reward is not None else 0
                 if self.min_reward is not None and len(rows) >= MIN_GROUP and reaching < MIN_GROUP:
-                    counts["small_scope"] += 1  # the service would answer zeros: no need to ask
+                    counts["small_scope"] += 1
                     continue
             if self.kernel != "embedding":
                 payload["keys"] = [keys[index][row] for row in rows] if keys is not None else self.keys_of(members)
             problem = group_problem(payload)
-            if problem is not None:  # the group's own members are at fault: it alone goes unshaped
+            if problem is not None:
                 counts["bad"] += 1
                 log.warning("SetPO: group %d of the step cannot be sent (%s); its bonus is 0", index, problem)
                 continue
             payloads.append((index, payload, len(rows)))
-        envelope = {"groups": [], "weight": weight, "kernel": self.kernel, "normalize": self.normalize}
-        if self.min_reward is not None:
-            envelope["min_reward"] = self.min_reward
-        batches, counts["unscored"], counts["cut"] = fit_step(payloads, self.info, envelope, self.max_chars)
+        return payloads
+
+    def send(
+        self, batches: list[list[tuple[int, dict]]], weight: float, counts: dict[str, int], deadline: float | None
+    ) -> list[tuple[int, GroupResult]]:
+        """One request a batch, within the step's deadline; (group index, the service's answer) for every group."""
         answered = []
         for batch in batches:
             result = self.client.diversity(
@@ -307,35 +357,44 @@ def fit_step(
     ([[(group index, group payload), ...] per request], groups left unscored, texts cut). Sizes are measured with
     the client's own encoder, so they are the real body sizes."""
     limits = info.limits
-    max_rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
     chars = min(
         limits.max_text_chars, max_chars or info.truncate_chars or 8 * info.max_tokens
     )  # the server keeps no more
     envelope_size = len(json_body(envelope))
-    group_budget = limits.max_body_bytes - envelope_size  # the most one group's JSON may take
     fitted, unscored, cut = [], 0, 0
     for index, payload, size in payloads:
-        keys = payload.get("keys") or []
-        if not MIN_GROUP <= size <= max_rows or any(
-            key is not None and len(key) > limits.max_text_chars for key in keys
-        ):
-            unscored += 1  # a key cannot be cut: cutting it would change which solution it names
-            continue
-        if "texts" in payload:
-            members = payload["texts"]
-            payload = {**payload, "texts": [text[:chars] for text in members]}
-            if len(json_body(payload)) > group_budget:  # share the body among the texts, by UTF-8 bytes of their JSON
-                share = (group_budget - len(json_body({**payload, "texts": [""] * size}))) // size
-                payload["texts"] = [cut_to_json_bytes(text, share) for text in payload["texts"]]
-            cut += sum(len(a) < len(b) for a, b in zip(payload["texts"], members))
-        elif "embeddings" in payload:
-            payload = {**payload, "embeddings": [[float(x) for x in vector] for vector in payload["embeddings"]]}
-        body_size = len(json_body(payload))
-        if body_size > group_budget:  # embeddings cannot be cut; texts too short a share to be any use
+        group = fit_group(payload, size, limits, chars, limits.max_body_bytes - envelope_size)
+        if group is None:
             unscored += 1
             continue
-        fitted.append((index, payload, size, body_size))
+        fitted.append((index, *group))
+        if "texts" in payload:
+            cut += sum(len(a) < len(b) for a, b in zip(group[0]["texts"], payload["texts"]))
+    return pack(fitted, limits, envelope_size), unscored, cut
 
+
+def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int) -> tuple[dict, int, int] | None:
+    """(payload fitted, members, its JSON bytes), or None when the group cannot be sent whole: too few or too many
+    members, a key too long (cutting a key would change which solution it names), embeddings over the budget (the
+    most one group's JSON may take), or texts whose share of it is too short to be any use."""
+    max_rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+    keys = payload.get("keys") or []
+    if not MIN_GROUP <= size <= max_rows or any(key is not None and len(key) > limits.max_text_chars for key in keys):
+        return None
+    if "texts" in payload:
+        payload = {**payload, "texts": [text[:chars] for text in payload["texts"]]}
+        if len(json_body(payload)) > budget:  # share the body among the texts, by UTF-8 bytes of their JSON
+            share = (budget - len(json_body({**payload, "texts": [""] * size}))) // size
+            payload["texts"] = [cut_to_json_bytes(text, share) for text in payload["texts"]]
+    elif "embeddings" in payload:
+        payload = {**payload, "embeddings": [[float(x) for x in vector] for vector in payload["embeddings"]]}
+    body_size = len(json_body(payload))
+    return (payload, size, body_size) if body_size <= budget else None
+
+
+def pack(fitted: list[tuple[int, dict, int, int]], limits: Limits, envelope_size: int) -> list[list[tuple[int, dict]]]:
+    """Fitted groups (index, payload, members, JSON bytes) into as few requests as max_groups, max_request_rows
+    and max_body_bytes allow, in order."""
     batches: list[list[tuple[int, dict]]] = []
     batch: list[tuple[int, dict]] = []
     rows_in, bytes_in = 0, envelope_size
@@ -352,7 +411,7 @@ def fit_step(
         rows_in, bytes_in = rows_in + row_count, bytes_in + comma + body_size
     if batch:
         batches.append(batch)
-    return batches, unscored, cut
+    return batches
 
 
 def cut_to_json_bytes(text: str, budget: int) -> str:

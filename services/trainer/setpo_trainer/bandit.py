@@ -20,6 +20,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import sys
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from statistics import median
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from setpo_client import SetpoClient
+from setpo_client import SetpoClient, SetpoError
 from setpo_client.shaping import SetpoShaper
 from setpo_client.weight import WeightController
 from setpo_core.diversity import group_advantages
@@ -169,6 +170,10 @@ def controller(args: argparse.Namespace) -> WeightController | None:
     )
 
 
+def spell(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def alive_rewarded(probs: list[float], args: argparse.Namespace) -> int:
     return sum(p >= args.alive for p in probs[: args.rewarded])
 
@@ -219,7 +224,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         print(f"using the setpo service at {args.url}", flush=True)
     with service as running, SetpoClient(args.url or running.url, api_key=args.api_key, timeout=args.timeout) as client:
-        client.wait_until_ready(timeout=180)
+        try:  # what every plug-in proves at start: groups of --group-size scoreable, the service ready and taking them
+            SetpoShaper(client, args.weight).start(args.group_size, spell=spell, ready_timeout=180)
+        except SetpoError as exc:
+            sys.exit(f"setpo-bandit: {exc}")
         results = run_all(args, client)
     rows = ["| seed | GRPO: rewarded modes alive | SetPO+GRPO: rewarded modes alive |", "|---|---|---|"]
     for seed in args.seeds:

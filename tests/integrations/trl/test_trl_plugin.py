@@ -231,9 +231,31 @@ def test_the_key_is_in_no_log_printed_argument_or_tracker_config(tiny_model, tmp
     )
 
 
-def test_service_down_with_skip_trains_on_trls_advantages_and_counts(tiny_model, spy, tmp_path):
-    down = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff=0.05)
-    trainer = make_trainer(tiny_model, down, tmp_path, on_error="skip")
+def test_a_service_that_is_not_there_at_start_stops_the_trainer_before_training(tiny_model, tmp_path):
+    # as setpo-train and veRL do: a wrong URL would otherwise train the whole run without SetPO, step by step
+    down = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0)
+    with pytest.raises(SetpoError, match="is not usable"):
+        make_trainer(tiny_model, down, tmp_path, on_error="skip")
+
+
+def test_groups_larger_than_the_service_takes_are_refused_at_start(tiny_model, tmp_path):
+    from setpo_server.local import LocalServer
+
+    with (
+        LocalServer(max_group_size=3) as small,
+        pytest.raises(SetpoError, match=r"groups of 4 .*lower num_generations"),
+    ):
+        make_trainer(tiny_model, SetpoClient(small.url, max_retries=0), tmp_path)
+
+
+def went_down(trainer):
+    """The service goes away after the start check: the trainer's client now points where nothing listens."""
+    trainer.setpo.client = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff=0.05)
+    return trainer
+
+
+def test_service_down_with_skip_trains_on_trls_advantages_and_counts(tiny_model, client, spy, tmp_path):
+    trainer = went_down(make_trainer(tiny_model, client, tmp_path, on_error="skip"))
     trainer.train()
     for (base, texts), trained_on in zip(spy["trl"], spy["loss"]):
         assert [trained_on[text] for text in texts] == base.tolist()
@@ -243,9 +265,8 @@ def test_service_down_with_skip_trains_on_trls_advantages_and_counts(tiny_model,
     assert fallbacks == [1.0, 2.0]
 
 
-def test_service_down_with_fail_stops_training_with_a_clear_error(tiny_model, tmp_path):
-    down = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0)
-    trainer = make_trainer(tiny_model, down, tmp_path, on_error="fail")
+def test_service_down_with_fail_stops_training_with_a_clear_error(tiny_model, client, tmp_path):
+    trainer = went_down(make_trainer(tiny_model, client, tmp_path, on_error="fail"))
     with pytest.raises(SetpoError, match="on_error='fail'"):
         trainer.train()
 
@@ -274,8 +295,8 @@ def test_two_processes_score_whole_groups_and_each_applies_its_slice(tiny_model,
             assert rank["loss"][0][text] == pytest.approx(expected, abs=1e-5)
 
 
-def test_two_processes_with_fail_and_the_service_down_all_raise_instead_of_waiting(tiny_model, tmp_path):
-    run = run_two_processes(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "fail")
+def test_two_processes_with_fail_and_the_service_down_all_raise_instead_of_waiting(tiny_model, server, tmp_path):
+    run = run_two_processes(tiny_model, server.url, tmp_path, "fail", f"http://127.0.0.1:{free_port()}")
     assert run.returncode != 0
     for rank in (0, 1):  # rank 1 never talks to the service: it gets rank 0's error through the broadcast
         assert "cannot reach the setpo server" in (tmp_path / f"rank{rank}.error").read_text()

@@ -1,6 +1,7 @@
 """Run by test_two_processes under `torchrun --nproc_per_node 2` on CPU: each rank records what TRL
 computed and what its loss received, then writes them to $OUT/rank<k>.json. With on_error (4th argument)
-"fail" and the service down, each rank that raises writes $OUT/rank<k>.error instead."""
+"fail" and a 5th argument (a URL where nothing listens: the service went down after the start check), each
+rank that raises writes $OUT/rank<k>.error instead."""
 
 import json
 import os
@@ -40,6 +41,8 @@ trainer = SetpoGRPOTrainer(
     setpo_weight=0.5,
     setpo_on_error=on_error,
 )
+if len(sys.argv) > 5:
+    trainer.setpo.client = SetpoClient(sys.argv[5], max_retries=0)
 rank = trainer.accelerator.process_index
 try:
     trainer.train()

@@ -140,9 +140,18 @@ def test_the_verl_extra_declares_the_range_the_plugin_accepts():
     "overrides,match",
     [
         (["+algorithm.setpo.kernel=hybrid"], r"algorithm.setpo.kernel=hybrid compares solution keys"),
-        (["+algorithm.setpo.kernel=key", "+algorithm.setpo.key=countdown"], r"algorithm.setpo.key: .*'countdown'"),
-        (["+algorithm.setpo.kernel=key", "+algorithm.setpo.key=no_such_pkg:key"], r"algorithm.setpo.key: .*cannot"),
-        (["+algorithm.setpo.key=countdown_expression"], r"algorithm.setpo.key is used by kernel hybrid or key"),
+        (
+            ["+algorithm.setpo.kernel=key", "+algorithm.setpo.key=countdown"],
+            r"algorithm.setpo.key countdown: .*'countdown'",
+        ),
+        (
+            ["+algorithm.setpo.kernel=key", "+algorithm.setpo.key=no_such_pkg:key"],
+            r"algorithm.setpo.key no_such_pkg:key: .*cannot",
+        ),
+        (
+            ["+algorithm.setpo.key=countdown_expression"],
+            r"algorithm.setpo.key is used by \+algorithm.setpo.kernel=hybrid or key",
+        ),
         (["+algorithm.setpo.kernel=cosine", "+algorithm.setpo.key=countdown_expression"], r"kernel must be one of"),
         (["+algorithm.setpo.normalize=std"], r"normalize must be one of"),
         (["+algorithm.setpo.min_reward=nan"], r"min_reward must be a finite number"),

@@ -24,7 +24,8 @@ GSPO with importance_sampling_level="sequence" — then sees the shaped advantag
 table TRL logs. Metrics go to TRL's own logs under `setpo/...` (SetpoShaper's names, its timing included).
 
 At start the trainer checks that TRL still has the methods it overrides (a TRL that renamed them would train
-without SetPO) and warns when TRL is not the tested version. The step's rewards come from TRL's own
+without SetPO), warns when TRL is not the tested version, and proves what every plug-in proves
+(SetpoShaper.start): groups of num_generations can be scored, the service is ready, accepts the key and takes them. The step's rewards come from TRL's own
 `_calculate_rewards` (all processes' rewards, gathered), its advantages from each process's output, gathered.
 """
 
@@ -39,7 +40,8 @@ from trl import GRPOTrainer
 
 from setpo_client.client import SetpoClient
 from setpo_client.errors import SetpoError
-from setpo_client.keys import KeyFunction, load_key
+from setpo_client.keys import KeyFunction
+from setpo_client.policy import diversity_policy
 from setpo_client.shaping import OnError, SetpoShaper
 from setpo_client.types import Kernel, Normalize
 from setpo_client.weight import WeightController
@@ -48,6 +50,11 @@ log = logging.getLogger("setpo_client.trl")
 # TRL versions whose seams this was tested against: the `trl` extra's range (tests/integrations/trl checks they agree)
 TESTED_VERSIONS = ("1.16.",)
 TESTED_RANGE = ">=1.16,<1.17"
+
+
+def spell(name: str) -> str:
+    """A SetPO setting as SetpoGRPOTrainer's caller writes it, for refusals (setpo_client.policy, SetpoShaper.start)."""
+    return "num_generations" if name == "group_size" else f"setpo_{name}"
 
 
 class SetpoGRPOTrainer(GRPOTrainer):
@@ -72,29 +79,21 @@ class SetpoGRPOTrainer(GRPOTrainer):
                     f"TRL {trl.__version__} has no GRPOTrainer.{seam}: SetpoGRPOTrainer would train without SetPO. "
                     f"Use TRL {TESTED_RANGE} (setpo-client[trl])."
                 )
-        key = load_key(setpo_key) if isinstance(setpo_key, str) else setpo_key
-        if setpo_kernel != "embedding" and key is None:
-            raise ValueError(f"setpo_kernel={setpo_kernel!r} compares solution keys: give setpo_key")
+        settings = {
+            "min_reward": setpo_min_reward,
+            "key": setpo_key,
+            "kernel": setpo_kernel,
+            "normalize": setpo_normalize,
+        }
+        policy = {**diversity_policy(settings, spell), "controller": setpo_controller}
         if not trl.__version__.startswith(TESTED_VERSIONS):
             log.warning(
                 "SetpoGRPOTrainer is tested with TRL %s (setpo-client[trl]); this is %s", TESTED_RANGE, trl.__version__
             )
         super().__init__(*args, **kwargs)
-        if setpo_weight > 0 and self.num_generations < 3:  # fail now, not after the first generation round
-            raise ValueError(
-                f"SetPO needs num_generations >= 3 (leave-one-out needs pairs left), got {self.num_generations}"
-            )
-        self.setpo = SetpoShaper(
-            setpo_client,
-            setpo_weight,
-            setpo_on_error,
-            setpo_max_chars,
-            min_reward=setpo_min_reward,
-            key=key,
-            kernel=setpo_kernel,
-            normalize=setpo_normalize,
-            controller=setpo_controller,
-        )
+        self.setpo = SetpoShaper(setpo_client, setpo_weight, setpo_on_error, setpo_max_chars, **policy)
+        if setpo_weight > 0:  # fail now, not after the first generation round; TRL's advantages are group-relative
+            self.setpo.start(group_size=self.num_generations, spell=spell)
         self.setpo_rewards: torch.Tensor | None = None  # the step's rewards, all processes (_calculate_rewards)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

@@ -57,9 +57,8 @@ import numpy as np
 import torch
 
 from setpo_client.client import SetpoClient
-from setpo_client.keys import load_key
+from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
 from setpo_client.shaping import SetpoShaper
-from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client.verl")
 # veRL versions whose advantage steps this plug-in was tested against: the `verl` extra's range (tests/integrations/verl
@@ -78,8 +77,6 @@ GROUP_ESTIMATORS = (
     "reinforce_plus_plus_baseline",
     "gdpo",
 )
-# WeightController's knobs: they steer lambda, so without algorithm.setpo.target_ratio they are refused
-CONTROLLER_SETTINGS = ("min_weight", "max_weight", "weight_ema", "warmup_steps", "freeze_after")
 POLICY_SETTINGS = ("min_reward", "key", "kernel", "normalize", "target_ratio", *CONTROLLER_SETTINGS)
 SETTINGS = (
     "enable",
@@ -127,78 +124,33 @@ def number(settings: dict, name: str, default: float | None = None, kind: type =
     return kind(value)
 
 
-def diversity_policy(settings: dict) -> dict[str, Any]:
-    """SetpoShaper's diversity policy (min_reward, key, kernel, normalize, controller) from algorithm.setpo.*.
-    Whatever is set is used or refused with its name: a key the kernel ignores, or a controller knob without
-    target_ratio, would otherwise train the paper's form while the config says otherwise."""
-    kernel, key_name = settings.get("kernel", "embedding"), settings.get("key")
-    if key_name is None and kernel != "embedding":
-        raise ValueError(
-            f"algorithm.setpo.kernel={kernel} compares solution keys: add +algorithm.setpo.key=<countdown_expression "
-            "or package.module:function>"
-        )
-    if key_name is not None and kernel == "embedding":
-        raise ValueError(
-            "algorithm.setpo.key is used by kernel hybrid or key only: add +algorithm.setpo.kernel=hybrid (or key), "
-            "or drop the key"
-        )
-    try:
-        key = load_key(str(key_name)) if key_name is not None else None  # loaded now: a typo stops the start
-    except ValueError as exc:
-        raise ValueError(f"algorithm.setpo.key: {exc}") from exc
-    controller = None
-    if settings.get("target_ratio") is None:
-        steering = [f"algorithm.setpo.{name}" for name in CONTROLLER_SETTINGS if settings.get(name) is not None]
-        if steering:
-            raise ValueError(
-                f"{', '.join(steering)} steer lambda: they need +algorithm.setpo.target_ratio=<RMS(bonus) / RMS(advantage)>"
-            )
-    else:
-        if number(settings, "weight", 0.05) <= 0:  # the controller would raise lambda 0 to min_weight: SetPO on
-            raise ValueError(
-                "algorithm.setpo.target_ratio steers lambda from algorithm.setpo.weight, the first step's lambda: "
-                "it must be > 0 (for a run without SetPO, drop algorithm.setpo)"
-            )
-        ema = number(settings, "weight_ema", 0.9)
-        if not 0 <= ema < 1:  # WeightController calls it `ema`: say it with the setting's name
-            raise ValueError(f"algorithm.setpo.weight_ema must be in [0, 1), got {ema}")
-        try:
-            controller = WeightController(
-                number(settings, "target_ratio"),
-                number(settings, "min_weight", 1e-3),
-                number(settings, "max_weight", 10.0),
-                ema,
-                number(settings, "warmup_steps", 0, int),
-                number(settings, "freeze_after", None, int),
-            )
-        except ValueError as exc:
-            raise ValueError(f"algorithm.setpo: {exc}") from exc
-    normalize = settings.get("normalize", "none")
-    return {
-        "min_reward": number(settings, "min_reward"),
-        "key": key,
-        "kernel": kernel,
-        "normalize": normalize,
-        "controller": controller,
-    }
+def spell(name: str) -> str:
+    """A SetPO setting as a veRL command line writes it, for refusals (setpo_client.policy, SetpoShaper.start)."""
+    own = {"group_size": "actor_rollout_ref.rollout.n", "estimator": "algorithm.adv_estimator"}
+    return own.get(name, f"+algorithm.setpo.{name}")
 
 
 def shaper_for(settings: dict) -> SetpoShaper:
     """One shaper per configuration and process, so fallback steps, step times and the weight controller's state
-    carry across the run's steps."""
+    carry across the run's steps. The diversity policy is checked by setpo_client.policy, as every plug-in's is;
+    here Hydra's values are only made numbers."""
     name = tuple(sorted((k, str(v)) for k, v in settings.items()))
     if name not in _shapers:
-        policy = diversity_policy(settings)
+        named = {knob: number(settings, knob) for knob in ("min_reward", "target_ratio", "min_weight", "max_weight")}
+        named |= {knob: number(settings, knob, None, int) for knob in ("warmup_steps", "freeze_after")}
+        named |= {"weight": number(settings, "weight", 0.05), "weight_ema": number(settings, "weight_ema")}
+        named |= {knob: settings.get(knob) for knob in ("key", "kernel", "normalize")}
+        policy = diversity_policy(named, spell)
         client = SetpoClient(settings["url"], timeout=number(settings, "timeout", 60.0))  # key: $SETPO_API_KEY
         try:
             _shapers[name] = SetpoShaper(
                 client,
-                number(settings, "weight", 0.05),
+                named["weight"],
                 settings.get("on_error", "skip"),
                 number(settings, "max_chars", None, int),
                 **policy,
             )
-        except ValueError as exc:  # SetpoShaper's messages use the settings' own names (kernel, min_reward, ...)
+        except ValueError as exc:  # SetpoShaper's messages use the settings' own names (on_error, weight)
             raise ValueError(f"algorithm.setpo: {exc}") from exc
     return _shapers[name]
 
@@ -218,13 +170,8 @@ def check_start(config, trainer_class) -> None:
             verl.__version__,
         )
     n, estimator = config.actor_rollout_ref.rollout.n, str(config.algorithm.adv_estimator)
-    if n < 3:
-        raise ValueError(f"SetPO needs actor_rollout_ref.rollout.n >= 3 (leave-one-out marginals), got {n}")
-    if estimator not in GROUP_ESTIMATORS:
-        raise ValueError(
-            f"SetPO needs a group advantage estimator ({', '.join(GROUP_ESTIMATORS)}); got algorithm.adv_estimator={estimator}"
-        )
-    info = shaper_for(settings).check(ready_timeout=float(settings.get("ready_timeout", 120.0)))
+    ready_timeout = float(settings.get("ready_timeout", 120.0))
+    info = shaper_for(settings).start(n, estimator, GROUP_ESTIMATORS, spell, ready_timeout)
     log.info(
         "SetPO on: lambda=%s with %s at %s (groups of %d; the service takes %d groups of at most %d a request, %d bytes)",
         settings.get("weight", 0.05),

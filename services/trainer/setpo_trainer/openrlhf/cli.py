@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 from setpo_client import SetpoClient, SetpoError
-from setpo_client.keys import load_key
-from setpo_client.shaping import KERNELS, NORMALIZATIONS, SetpoShaper
+from setpo_client.policy import KERNELS, NORMALIZATIONS, diversity_policy
+from setpo_client.shaping import SetpoShaper
 from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
@@ -299,81 +299,49 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         )
     if wandb_key == WANDB_FROM_ENVIRONMENT and not os.environ.get("WANDB_API_KEY"):
         parser.error(f"--logger.wandb.key {WANDB_FROM_ENVIRONMENT} needs WANDB_API_KEY in the environment")
-    check_diversity_policy(parser, options)
+    try:
+        policy = diversity_policy(policy_settings(parser, options), spell)
+    except ValueError as exc:
+        parser.error(str(exc))
     if weight == 0:
         return  # SetPO off: plain OpenRLHF, no service needed
     check_openrlhf()
-    estimator = options["algo.advantage.estimator"]
-    if estimator not in GROUP_ESTIMATORS:
-        parser.error(
-            f"--setpo.weight > 0 needs a group advantage estimator ({', '.join(GROUP_ESTIMATORS)}); "
-            f"got --algo.advantage.estimator {estimator}"
-        )
-    if n < 3:
-        parser.error(f"--setpo.weight > 0 needs --rollout.n_samples_per_prompt >= 3 (leave-one-out marginals); got {n}")
     if not url:
         parser.error("--setpo.weight > 0 needs the service: pass --setpo.url (or set SETPO_URL), or --setpo.weight 0")
-
-    shaper = SetpoShaper(
-        SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1), weight, max_chars=options["setpo.max_chars"]
-    )
-    try:
-        info = shaper.check(ready_timeout=options["setpo.ready_timeout"])  # /info needs the key: a wrong one fails here
+    client = SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1)
+    shaper = SetpoShaper(client, weight, max_chars=options["setpo.max_chars"], **policy)
+    estimator, ready_timeout = options["algo.advantage.estimator"], options["setpo.ready_timeout"]
+    try:  # what every plug-in proves at start; /info needs the key: a wrong one fails here
+        info = shaper.start(n, estimator, GROUP_ESTIMATORS, spell, ready_timeout)
+    except ValueError as exc:
+        parser.error(str(exc))
     except SetpoError as exc:
         sys.exit(f"setpo-train: {exc}\nWith setpo-train: fix --setpo.url / SETPO_API_KEY, or pass --setpo.weight 0.")
     finally:
-        shaper.client.close()
-    # a step larger than one request is split by SetpoShaper; a group larger than the service takes never scores
-    if (options["setpo.max_chars"] or 0) > info.limits.max_text_chars:
-        parser.error(
-            f"--setpo.max_chars {options['setpo.max_chars']}: the service takes texts of at most "
-            f"{info.limits.max_text_chars} characters; lower it, or raise SETPO_MAX_TEXT_CHARS"
-        )
-    if n > info.limits.max_group_size:
-        sys.exit(
-            f"setpo-train: groups of {n} responses; the service at {url} takes at most {info.limits.max_group_size}. "
-            "Raise SETPO_MAX_GROUP_SIZE on the service, or lower --rollout.n_samples_per_prompt."
-        )
+        client.close()
     print(
         f"setpo-train: SetPO lambda={weight} with {info.model} at {url} (max {info.max_tokens} tokens; at most "
         f"{info.limits.max_groups} groups and {info.limits.max_body_bytes} bytes a request)",
         flush=True,
     )
-    policy = " ".join(f"{flag.removeprefix('setpo.')}={options[flag]}" for flag in POLICY_FLAGS)
-    print(f"setpo-train: diversity policy: {policy}", flush=True)
+    said = " ".join(f"{flag.removeprefix('setpo.')}={options[flag]}" for flag in POLICY_FLAGS)
+    print(f"setpo-train: diversity policy: {said}", flush=True)
 
 
-def check_diversity_policy(parser: argparse.ArgumentParser, options: dict) -> None:
-    """The --setpo.* diversity policy: values SetpoShaper and WeightController take, and nothing set that would
-    be silently unused. The key function is loaded here too, so a typo stops before Ray starts."""
-    min_reward, key, kernel = options["setpo.min_reward"], options["setpo.key"], options["setpo.kernel"]
-    if min_reward is not None and not math.isfinite(min_reward):
-        parser.error(f"--setpo.min_reward must be a finite number, got {min_reward}")
-    if key is not None:
-        try:
-            load_key(key)
-        except ValueError as exc:
-            parser.error(f"--setpo.key {key}: {exc}")
-        if kernel == "embedding":
-            parser.error("--setpo.key is used by --setpo.kernel hybrid or key only: pass one, or drop --setpo.key")
-    elif kernel != "embedding":
-        parser.error(f"--setpo.kernel {kernel} compares solution keys: pass --setpo.key (e.g. countdown_expression)")
-    if options["setpo.target_ratio"] is None:
-        steering = [f"--{flag}" for flag in CONTROLLER_FLAGS if options[flag] != parser.get_default(flag)]
-        if steering:
-            parser.error(f"{', '.join(steering)} steer lambda: they need --setpo.target_ratio")
-        return
-    if options["setpo.weight"] == 0:
-        parser.error(
-            "--setpo.target_ratio steers lambda from --setpo.weight, the first step's lambda: it must be > 0 "
-            "(--setpo.weight 0 turns SetPO off: drop --setpo.target_ratio for the baseline)"
-        )
-    if options["setpo.min_weight"] > options["setpo.max_weight"]:
-        parser.error(
-            f"--setpo.min_weight {options['setpo.min_weight']} is above --setpo.max_weight {options['setpo.max_weight']}"
-        )
-    if not 0 <= options["setpo.weight_ema"] < 1:
-        parser.error(f"--setpo.weight_ema must be in [0, 1), got {options['setpo.weight_ema']}")
+def spell(name: str) -> str:
+    """A SetPO setting as setpo-train's flag, for refusals (setpo_client.policy, SetpoShaper.start)."""
+    own = {"group_size": "--rollout.n_samples_per_prompt", "estimator": "--algo.advantage.estimator"}
+    return own.get(name, f"--setpo.{name}")
+
+
+def policy_settings(parser: argparse.ArgumentParser, options: dict) -> dict[str, Any]:
+    """The --setpo.* diversity policy under SetPO's names; a controller flag left at its default counts as unset,
+    so that setpo_client.policy refuses only the ones given without --setpo.target_ratio."""
+    settings = {flag.removeprefix("setpo."): options[flag] for flag in ("setpo.weight", *POLICY_FLAGS)}
+    for flag in CONTROLLER_FLAGS:
+        if options[flag] == parser.get_default(flag):
+            settings[flag.removeprefix("setpo.")] = None
+    return settings
 
 
 def openrlhf_version() -> str:

@@ -21,9 +21,9 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.utils.logging_utils import init_logger
 
 from setpo_client.client import DEFAULT_URL, SetpoClient
-from setpo_client.keys import load_key
+from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
 from setpo_client.shaping import SetpoShaper
-from setpo_client.weight import WeightController
+from setpo_trainer.openrlhf.cli import spell
 
 logger = init_logger(__name__)
 
@@ -37,29 +37,11 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         client = SetpoClient(
             setpo.url or DEFAULT_URL, timeout=setpo.timeout, max_retries=setpo.max_retries
         )  # key: $SETPO_API_KEY
-        controller = (
-            WeightController(
-                setpo.target_ratio,
-                setpo.min_weight,
-                setpo.max_weight,
-                setpo.weight_ema,
-                setpo.warmup_steps,
-                setpo.freeze_after,
-            )
-            if setpo.target_ratio is not None
-            else None
-        )
-        self.setpo = SetpoShaper(
-            client,
-            setpo.weight,
-            setpo.on_error,
-            setpo.max_chars,
-            min_reward=setpo.min_reward,
-            key=load_key(setpo.key) if setpo.key is not None else None,  # loaded by name here, in the trainer actor
-            kernel=setpo.kernel,
-            normalize=setpo.normalize,
-            controller=controller,
-        )
+        settings = {name: getattr(setpo, name) for name in ("weight", "min_reward", "key", "kernel", "normalize")}
+        if setpo.target_ratio is not None:  # with its knobs; setpo-train checked the flags before Ray started
+            settings |= {name: getattr(setpo, name) for name in ("target_ratio", *CONTROLLER_SETTINGS)}
+        policy = diversity_policy(settings, spell)  # the key function is loaded by name here, in the trainer actor
+        self.setpo = SetpoShaper(client, setpo.weight, setpo.on_error, setpo.max_chars, **policy)
         self.setpo_embed = setpo.embed
         logger.info(
             f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, "

@@ -1,0 +1,80 @@
+"""The diversity policy from a plug-in's settings, checked in one place for every plug-in (docs/diversity.md).
+
+Each plug-in names the settings its own way (--setpo.key for setpo-train, +algorithm.setpo.key for veRL,
+setpo_key for TRL, --key for the bandit); it passes them here under SetPO's names with `spell`, the function
+from a name to its spelling, so that a refusal names what its user has to change.
+
+    policy = diversity_policy({"weight": 0.1, "min_reward": 1.0, "key": "countdown_expression", "kernel": "hybrid",
+                               "target_ratio": 0.3}, spell=lambda name: f"--setpo.{name}")
+    shaper = SetpoShaper(client, 0.1, **policy)
+"""
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from setpo_client.keys import load_key
+from setpo_client.weight import WeightController
+
+KERNELS = ("embedding", "hybrid", "key")
+NORMALIZATIONS = ("none", "zscore")
+# WeightController's knobs: they steer lambda, so they mean nothing without target_ratio
+CONTROLLER_SETTINGS = ("min_weight", "max_weight", "weight_ema", "warmup_steps", "freeze_after")
+
+
+def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = str) -> dict[str, Any]:
+    """SetpoShaper's policy arguments (min_reward, key, kernel, normalize, controller) from settings named weight,
+    min_reward, key (a key function or its name), kernel, normalize, target_ratio and CONTROLLER_SETTINGS; absent
+    or None: the paper's form and WeightController's defaults. A value SetpoShaper or WeightController would not
+    take is refused (ValueError), and so is one that would be silently unused: a key the kernel ignores, a
+    controller knob without target_ratio, a controller asked to steer a lambda of 0."""
+    kernel, key, min_reward = settings.get("kernel") or "embedding", settings.get("key"), settings.get("min_reward")
+    normalize = settings.get("normalize") or "none"
+    if kernel not in KERNELS:
+        raise ValueError(f"{spell('kernel')} must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"{spell('normalize')} must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+    if min_reward is not None and not math.isfinite(min_reward):
+        raise ValueError(f"{spell('min_reward')} must be a finite number, got {min_reward}")
+    if isinstance(key, str):
+        try:
+            key = load_key(key)  # loaded now: a typo stops the start
+        except ValueError as exc:
+            raise ValueError(f"{spell('key')} {key}: {exc}") from exc
+    if key is None and kernel != "embedding":
+        raise ValueError(
+            f"{spell('kernel')}={kernel} compares solution keys: give {spell('key')} (e.g. countdown_expression)"
+        )
+    if key is not None and kernel == "embedding":
+        raise ValueError(f"{spell('key')} is used by {spell('kernel')}=hybrid or key only: set one, or drop the key")
+    return {
+        "min_reward": min_reward,
+        "key": key,
+        "kernel": kernel,
+        "normalize": normalize,
+        "controller": weight_controller(settings, spell),
+    }
+
+
+def weight_controller(settings: Mapping[str, Any], spell: Callable[[str], str]) -> WeightController | None:
+    knobs = {name: settings[name] for name in CONTROLLER_SETTINGS if settings.get(name) is not None}
+    if settings.get("target_ratio") is None:
+        if knobs:
+            steering = ", ".join(spell(name) for name in knobs)
+            raise ValueError(f"{steering} steer lambda: they need {spell('target_ratio')}")
+        return None
+    if not settings.get("weight"):  # the controller would raise lambda 0 to min_weight: SetPO on
+        raise ValueError(
+            f"{spell('target_ratio')} steers lambda from {spell('weight')}, the first step's lambda: it must be > 0 "
+            "(for a run without SetPO, drop the target ratio)"
+        )
+    low, high = knobs.get("min_weight", 1e-3), knobs.get("max_weight", 10.0)
+    if low > high:
+        raise ValueError(f"{spell('min_weight')} {low} is above {spell('max_weight')} {high}")
+    ema = knobs.pop("weight_ema", 0.9)
+    if not 0 <= ema < 1:  # WeightController calls it `ema`: say it with the setting's name
+        raise ValueError(f"{spell('weight_ema')} must be in [0, 1), got {ema}")
+    try:
+        return WeightController(settings["target_ratio"], ema=ema, **knobs)
+    except ValueError as exc:
+        raise ValueError(f"{spell('target_ratio')} and its bounds: {exc}") from exc
