@@ -16,12 +16,13 @@ lock-infinity: $(INFINITY_STAMP)
 	mv requirements/infinity.lock.new requirements/infinity.lock
 	touch $(INFINITY_STAMP)
 
+# peer_infinity: setpo, infinity-emb and in-process encode, in float32 and bfloat16, interleaved rounds: ~12 min
+# on the 2-core VM with AMX, ~45 min where bfloat16 is emulated (docs/benchmarks.md section 13).
 bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) -m benchmarks.loo_closed_form --plot docs/figures/loo_speedup.png
 	$(PY) -m benchmarks.http_vs_inprocess
 	$(PY) -m benchmarks.peer_infinity
-	$(PY) -m benchmarks.peer_infinity --compile
-	$(PY) -m benchmarks.peer_infinity --dtype bfloat16
+	$(PY) -m benchmarks.peer_infinity --compile --dtypes float32
 	$(PY) -m benchmarks.collapsed_group
 	$(PY) -m benchmarks.concurrency
 

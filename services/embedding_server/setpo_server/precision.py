@@ -49,13 +49,20 @@ class Decision:
     min_cosine: float | None = None
 
 
-def native_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """The first of NATIVE_FLAGS this CPU reports, or None (also where /proc/cpuinfo cannot be read)."""
+def cpuinfo_values(field: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The value of each `field` line of /proc/cpuinfo ("flags", "model name"), one per CPU; [] where it cannot be read."""
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return None
-    flags = {word for line in text.splitlines() if line.startswith("flags") for word in line.split(":", 1)[1].split()}
+        return []
+    return [
+        value.strip() for name, _, value in (line.partition(":") for line in text.splitlines()) if name.strip() == field
+    ]
+
+
+def native_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first of NATIVE_FLAGS this CPU reports, or None (also where /proc/cpuinfo cannot be read)."""
+    flags = {word for value in cpuinfo_values("flags", cpuinfo) for word in value.split()}
     return next((flag for flag in NATIVE_FLAGS if flag in flags), None)
 
 
