@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import trl
 from accelerate.utils import broadcast_object_list, gather_object
+from packaging.specifiers import SpecifierSet
 from trl import GRPOTrainer
 
 from setpo_client.client import SetpoClient
@@ -48,7 +49,6 @@ from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client.trl")
 # TRL versions whose seams this was tested against: the `trl` extra's range (tests/integrations/trl checks they agree)
-TESTED_VERSIONS = ("1.16.",)
 TESTED_RANGE = ">=1.16,<1.17"
 
 
@@ -86,7 +86,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
             "normalize": setpo_normalize,
         }
         policy = {**diversity_policy(settings, spell), "controller": setpo_controller}
-        if not trl.__version__.startswith(TESTED_VERSIONS):
+        if not SpecifierSet(TESTED_RANGE).contains(trl.__version__, prereleases=True):
             log.warning(
                 "SetpoGRPOTrainer is tested with TRL %s (setpo-client[trl]); this is %s", TESTED_RANGE, trl.__version__
             )

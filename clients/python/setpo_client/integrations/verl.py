@@ -55,6 +55,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 import torch
+from packaging.specifiers import SpecifierSet
 
 from setpo_client.client import SetpoClient
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
@@ -63,7 +64,6 @@ from setpo_client.shaping import SetpoShaper
 log = logging.getLogger("setpo_client.verl")
 # veRL versions whose advantage steps this plug-in was tested against: the `verl` extra's range (tests/integrations/verl
 # checks they agree)
-TESTED_VERSIONS = ("0.9.",)
 TESTED_RANGE = ">=0.9,<0.10"
 # estimators that compare a prompt's samples with each other: SetPO's bonus is defined on those groups
 GROUP_ESTIMATORS = (
@@ -163,7 +163,7 @@ def check_start(config, trainer_class) -> None:
     import verl
 
     check_trainer(trainer_class)
-    if not verl.__version__.startswith(TESTED_VERSIONS):
+    if not SpecifierSet(TESTED_RANGE).contains(verl.__version__, prereleases=True):
         log.warning(
             "SetPO's veRL plug-in is tested with veRL %s (setpo-client[verl]); this is %s",
             TESTED_RANGE,
