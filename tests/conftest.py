@@ -1,5 +1,7 @@
-"""Fixtures shared by the integration tests: the real setpo-server, on a free 127.0.0.1 port, with the
-real embedded model, driven over HTTP by the real client."""
+"""Fixtures shared by the integration tests: the real setpo app with the real embedded model, driven by the real
+client, in this process (tests/inprocess.py) for HTTP behaviour that needs no socket; and the real setpo-server on a
+free 127.0.0.1 port (setpo_server.local.LocalServer) for what does: timeouts and hang-ups, signals, the CLIs and
+scripts that take a URL."""
 
 import os
 
@@ -10,17 +12,20 @@ from setpo_server.local import LocalServer
 
 # The suites compare served numbers with float32 references; SETPO_DTYPE=auto may choose bfloat16 on a CPU with AMX,
 # so every service a test starts runs float32 unless it names its dtype (tests/server/test_precision.py tests auto).
+# In-process services (tests/inprocess.py) take float32 unless named, and no SETPO_* variable of this process's.
 os.environ.setdefault("SETPO_DTYPE", "float32")
 
 
 @pytest.fixture(scope="session")
 def server():
+    """The real setpo-server as a child process: for what needs a socket."""
     with LocalServer() as running:
         yield running
 
 
 @pytest.fixture
 def client(server):
+    """The real client against the real server (the framework suites' venvs cannot load the model in-process)."""
     with SetpoClient(server.url, max_retries=2) as setpo:
         yield setpo
 
@@ -37,7 +42,7 @@ def st_model():
 
 @pytest.fixture(scope="session")
 def service():
-    """The real app and model in this process (tests/inprocess.py): for HTTP behaviour that needs no socket."""
+    """The real app and model in this process (tests/inprocess.py), default settings: loaded once per test run."""
     from tests.inprocess import InProcessService
 
     with InProcessService() as running:
@@ -46,6 +51,13 @@ def service():
 
 @pytest.fixture
 def inprocess(service):
-    """The real client against the in-process app."""
+    """The real client against the in-process app, never retrying."""
     with service.client(max_retries=0) as setpo:
         yield setpo
+
+
+@pytest.fixture
+def http(service):
+    """A plain httpx client of the in-process app, for requests a test writes itself."""
+    with service.http() as plain:
+        yield plain

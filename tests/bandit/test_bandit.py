@@ -38,9 +38,9 @@ def test_a_step_that_falls_back_is_exactly_a_grpo_step():
     assert fallen_back.fallback_steps == 40 and setpo["metrics"][-1]["setpo/fallback_steps"] == 40
 
 
-def test_setpo_metrics_are_logged_every_step(client):
+def test_setpo_metrics_are_logged_every_step(inprocess):
     args = bandit.parse_args(["--url", "x", "--out", "x", "--steps", "5"])
-    run = bandit.train(args, SetpoShaper(client, weight=2.0), seed=0)
+    run = bandit.train(args, SetpoShaper(inprocess, weight=2.0), seed=0)
     assert len(run["probs"]) == 6 and len(run["metrics"]) == 5
     for step in run["metrics"]:
         assert {"setpo/set_score_mean", "setpo/marginal_std", "setpo/saturation", "setpo/duplicate_share"} <= set(step)

@@ -69,12 +69,12 @@ def test_gives_up_after_a_bounded_number_of_retries():
         asyncio.run(async_call())
 
 
-def test_a_4xx_is_raised_at_once_not_retried(server):
+def test_a_4xx_is_raised_at_once_not_retried(service):
     def count_422() -> float:
-        return metric(server, 'setpo_requests_total{route="/v1/diversity",status="422"}')
+        return metric(service, 'setpo_requests_total{route="/v1/diversity",status="422"}')
 
     before = count_422()
-    with SetpoClient(server.url, max_retries=5) as client, pytest.raises(SetpoAPIError, match="at least 3"):
+    with service.client(max_retries=5) as client, pytest.raises(SetpoAPIError, match="at least 3"):
         client.diversity([{"texts": ["a", "b"]}])
     assert count_422() - before == 1
 

@@ -1,6 +1,5 @@
 """The client's wire types against the running server's /openapi.json: same fields, types and required."""
 
-import httpx
 import pytest
 
 from setpo_client import types
@@ -45,8 +44,9 @@ def shape(schema):
 
 
 @pytest.fixture(scope="module")
-def server_schemas(server):
-    return httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]
+def server_schemas(service):
+    with service.http() as http:
+        return http.get("/openapi.json").json()["components"]["schemas"]
 
 
 @pytest.mark.parametrize("name", REQUESTS + RESPONSES)

@@ -8,6 +8,7 @@ import pytest
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.shaping import SetpoShaper, duplicate_share
 from setpo_server.local import LocalServer, free_port
+from tests.inprocess import InProcessService
 
 GROUPS = [
     ["48 / 2 = 24, 48 + 24 = 72", "48 / 2 = 24, 48 + 24 = 72", "1.5 * 48 = 72", "a = 48, a + a/2 = 72"],
@@ -15,10 +16,10 @@ GROUPS = [
 ]
 
 
-def test_bonus_is_weight_times_the_services_marginals_and_metrics_are_reported(client):
-    shaper = SetpoShaper(client, weight=0.2)
+def test_bonus_is_weight_times_the_services_marginals_and_metrics_are_reported(inprocess):
+    shaper = SetpoShaper(inprocess, weight=0.2)
     step = shaper.score(GROUPS)
-    direct = client.diversity([{"texts": g} for g in GROUPS])
+    direct = inprocess.diversity([{"texts": g} for g in GROUPS])
     for bonus, group in zip(step.bonus, direct.groups):
         assert bonus == pytest.approx([0.2 * s for s in group.marginals], abs=1e-7)
     flat = [s for g in direct.groups for s in g.marginals]
@@ -63,8 +64,8 @@ def test_fail_raises_a_clear_error():
         SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
 
 
-def test_a_group_of_fewer_than_three_scorable_members_gets_zero_and_is_counted_the_rest_is_shaped(client):
-    shaper = SetpoShaper(client, weight=0.1, on_error="fail")  # not a failure: the policy for such groups
+def test_a_group_of_fewer_than_three_scorable_members_gets_zero_and_is_counted_the_rest_is_shaped(inprocess):
+    shaper = SetpoShaper(inprocess, weight=0.1, on_error="fail")  # not a failure: the policy for such groups
     step = shaper.score([["only", "two"], GROUPS[1], ["one", None, "two", None]])  # None: not scorable (padding)
     assert (
         step.bonus[0] == [0.0, 0.0]
@@ -73,15 +74,17 @@ def test_a_group_of_fewer_than_three_scorable_members_gets_zero_and_is_counted_t
         and step.marginals[2] is None
     )
     assert step.bonus[1] == pytest.approx(
-        [0.1 * s for s in client.diversity([{"texts": GROUPS[1]}]).groups[0].marginals], abs=1e-7
+        [0.1 * s for s in inprocess.diversity([{"texts": GROUPS[1]}]).groups[0].marginals], abs=1e-7
     )
     assert step.metrics["setpo/unscored_groups"] == 2 and step.metrics["setpo/active"] == 1
 
 
-def test_unscorable_members_are_left_out_and_keep_zero(client):
-    step = SetpoShaper(client, weight=1.0).score([[None, *GROUPS[1], None]])
+def test_unscorable_members_are_left_out_and_keep_zero(inprocess):
+    step = SetpoShaper(inprocess, weight=1.0).score([[None, *GROUPS[1], None]])
     assert step.bonus[0][0] == step.bonus[0][-1] == 0.0
-    assert step.bonus[0][1:4] == pytest.approx(client.diversity([{"texts": GROUPS[1]}]).groups[0].marginals, abs=1e-7)
+    assert step.bonus[0][1:4] == pytest.approx(
+        inprocess.diversity([{"texts": GROUPS[1]}]).groups[0].marginals, abs=1e-7
+    )
 
 
 KEY = "rotated-key-0123456789"
@@ -89,14 +92,16 @@ CJK = "因为四十八的一半是二十四所以答案是七十二" * 3  # 3 UT
 
 
 @pytest.fixture(scope="module")
-def tight_server():
-    """A real service with small limits and a key: what a shared deployment may be configured with."""
-    with LocalServer(max_groups=2, max_group_size=5, max_text_chars=100, max_body_bytes=2048, api_key=KEY) as running:
+def tight_service():
+    """The real service (in-process) with small limits and a key: what a shared deployment may be configured with."""
+    with InProcessService(
+        max_groups=2, max_group_size=5, max_text_chars=100, max_body_bytes=2048, api_key=KEY
+    ) as running:
         yield running
 
 
-def test_a_step_is_fitted_within_the_services_limits_and_every_group_scored(tight_server):
-    client = SetpoClient(tight_server.url, api_key=KEY, max_retries=0)
+def test_a_step_is_fitted_within_the_services_limits_and_every_group_scored(tight_service):
+    client = tight_service.client(api_key=KEY, max_retries=0)
     groups = [[f"{CJK} {i} {j}" for j in range(4)] for i in range(5)] + [["x" * 500 + str(j) for j in range(3)]]
     step = SetpoShaper(client, weight=1.0, on_error="fail").score(groups)
     # 6 groups, 2 a request at most, and CJK texts that must be cut by bytes to fit 2048-byte bodies
@@ -109,14 +114,14 @@ def test_a_step_is_fitted_within_the_services_limits_and_every_group_scored(tigh
     assert step.metrics["setpo/active"] == 1
 
 
-def test_a_group_over_the_services_size_gets_zero_and_is_counted(tight_server):
-    client = SetpoClient(tight_server.url, api_key=KEY, max_retries=0)
+def test_a_group_over_the_services_size_gets_zero_and_is_counted(tight_service):
+    client = tight_service.client(api_key=KEY, max_retries=0)
     step = SetpoShaper(client, weight=1.0, on_error="fail").score([[f"answer {j}" for j in range(6)], ["a", "b", "c"]])
     assert step.bonus[0] == [0.0] * 6 and step.marginals[1] is not None and step.metrics["setpo/unscored_groups"] == 1
 
 
-def test_start_proves_what_every_plug_in_needs_and_names_the_setting_as_the_plug_in_spells_it(tight_server):
-    client = SetpoClient(tight_server.url, api_key=KEY, max_retries=0)
+def test_start_proves_what_every_plug_in_needs_and_names_the_setting_as_the_plug_in_spells_it(tight_service):
+    client = tight_service.client(api_key=KEY, max_retries=0)
     flags = {"group_size": "--rollout.n", "estimator": "--estimator", "max_chars": "--chars"}.get
     info = SetpoShaper(client, weight=1.0).start(5, "grpo", ("grpo", "rloo"), flags, ready_timeout=5)
     assert info.limits.max_group_size == 5  # learned: the shaper fits every step to it
@@ -129,11 +134,11 @@ def test_start_proves_what_every_plug_in_needs_and_names_the_setting_as_the_plug
     with pytest.raises(SetpoError, match=r"--chars 500: the service takes texts of at most 100"):
         SetpoShaper(client, weight=1.0, max_chars=500).start(4, spell=flags, ready_timeout=5)
     with pytest.raises(SetpoError, match=r"is not usable.*key"):
-        SetpoShaper(SetpoClient(tight_server.url, api_key="the-old-key", max_retries=0), 1.0).start(4, ready_timeout=5)
+        SetpoShaper(tight_service.client(api_key="the-old-key", max_retries=0), 1.0).start(4, ready_timeout=5)
 
 
-def test_a_rotated_key_trains_on_with_zero_under_skip_logged_with_the_services_message(tight_server, caplog):
-    client = SetpoClient(tight_server.url, api_key="the-old-key", max_retries=0)
+def test_a_rotated_key_trains_on_with_zero_under_skip_logged_with_the_services_message(tight_service, caplog):
+    client = tight_service.client(api_key="the-old-key", max_retries=0)
     with caplog.at_level("ERROR", logger="setpo_client"):
         step = SetpoShaper(client, weight=0.1, on_error="skip").score(GROUPS)
     assert (
@@ -146,9 +151,9 @@ def test_a_rotated_key_trains_on_with_zero_under_skip_logged_with_the_services_m
         SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
 
 
-def test_a_request_the_service_refuses_falls_back_under_skip(client, caplog):
+def test_a_request_the_service_refuses_falls_back_under_skip(inprocess, caplog):
     # a text the server cannot take although it fits the limits it announced (e.g. limits lowered since /info)
-    shaper = SetpoShaper(client, weight=0.1, on_error="skip")
+    shaper = SetpoShaper(inprocess, weight=0.1, on_error="skip")
     served = shaper.check().limits.max_group_size
     shaper.info = shaper.info.model_copy(
         update={"limits": shaper.info.limits.model_copy(update={"max_group_size": 10_000})}
@@ -196,9 +201,9 @@ def test_a_failing_service_falls_back_under_skip_and_raises_under_fail(status, b
         broken.shutdown()
 
 
-def test_max_chars_keeps_the_beginning(client):
+def test_max_chars_keeps_the_beginning(inprocess):
     long = ["A" * 50 + " tail one", "A" * 50 + " tail two", "something else entirely"]
-    step = SetpoShaper(client, weight=1.0, max_chars=50).score([long])
+    step = SetpoShaper(inprocess, weight=1.0, max_chars=50).score([long])
     assert step.metrics["setpo/cut_texts"] == 2
     assert step.marginals[0][0] == pytest.approx(step.marginals[0][1], abs=1e-7)  # identical after the cap
     assert step.metrics["setpo/duplicate_share"] == 0  # exact repeats of the responses themselves, not of what was sent
@@ -217,20 +222,20 @@ def test_bad_settings_are_refused(kwargs, match):
         SetpoShaper(SetpoClient(), **kwargs)
 
 
-def test_embedding_groups_are_scored_and_exact_repeats_counted(client):
+def test_embedding_groups_are_scored_and_exact_repeats_counted(inprocess):
     groups = [[[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.7, 0.7]], [[1.0, 2.0], [2.0, 1.0], [0.5, 0.5]]]
-    step = SetpoShaper(client, weight=0.5).score(groups)
-    direct = client.diversity([{"embeddings": g} for g in groups])
+    step = SetpoShaper(inprocess, weight=0.5).score(groups)
+    direct = inprocess.diversity([{"embeddings": g} for g in groups])
     assert step.marginals == [g.marginals for g in direct.groups]
     assert step.bonus[1] == pytest.approx([0.5 * s for s in direct.groups[1].marginals])
     assert step.metrics["setpo/duplicate_share"] == pytest.approx(1 / 7)
 
 
-def test_a_member_the_json_body_cannot_carry_fails_its_group_not_the_step(client, caplog):
+def test_a_member_the_json_body_cannot_carry_fails_its_group_not_the_step(inprocess, caplog):
     # an embedding the JSON body cannot carry (NaN from a diverged model): that group trains on with bonus 0,
     # counted, and the step is not a fallback step (issue 25: one bad member fails its group, not the step)
     with caplog.at_level("WARNING", logger="setpo_client"):
-        step = SetpoShaper(client, weight=0.5).score([[[1.0, 0.0], [float("nan"), 1.0], [0.5, 0.5]]])
+        step = SetpoShaper(inprocess, weight=0.5).score([[[1.0, 0.0], [float("nan"), 1.0], [0.5, 0.5]]])
     assert (
         step.bonus == [[0.0] * 3]
         and step.metrics["setpo/bad_groups"] == 1

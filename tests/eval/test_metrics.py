@@ -62,15 +62,15 @@ def test_distinct_correct_answers_and_countdown_diversity():
     assert metrics.countdown_diversity([[None, None]]) == {"diversity_width": 0.0, "average_mode": 0.0}
 
 
-def test_service_diversity_is_the_mean_pairwise_clamped_cosine_and_set_score(client):
+def test_service_diversity_is_the_mean_pairwise_clamped_cosine_and_set_score(inprocess):
     samples = [["12 * 5 = 60", "5 + 5 + ... = 60", "sixty", "12 * 5 = 60"], ["x = 2", "2", "two"]]
-    result = metrics.service_diversity(client, samples)
+    result = metrics.service_diversity(inprocess, samples)
     similarities = []
     for group in samples:
-        vectors = torch.tensor([e.embedding for e in client.embeddings(group).data])
+        vectors = torch.tensor([e.embedding for e in inprocess.embeddings(group).data])
         kernel = (vectors @ vectors.T).clamp(0, 1)
         off = ~torch.eye(len(group), dtype=torch.bool)
         similarities.append(kernel[off].mean().item())
     assert result["mean_pairwise_similarity"] == pytest.approx(sum(similarities) / 2, abs=1e-5)
-    direct = client.diversity([{"texts": g} for g in samples])
+    direct = inprocess.diversity([{"texts": g} for g in samples])
     assert result["set_score"] == pytest.approx(sum(g.set_score for g in direct.groups) / 2)

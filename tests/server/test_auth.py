@@ -1,18 +1,33 @@
-"""SETPO_API_KEY: data routes need the bearer key; health, ready and metrics stay open; the key never leaks."""
+"""SETPO_API_KEY: data routes need the bearer key; health, ready and metrics stay open; the key never leaks.
+In-process (tests/inprocess.py), but for the log: uvicorn's access log is written by the real server only."""
 
 import httpx
 import openai
 import pytest
 
-from setpo_client import SetpoAPIError, SetpoClient
+from setpo_client import SetpoAPIError
 from setpo_server.local import LocalServer
+from tests.inprocess import InProcessService
 
 KEY = "s3cret-key-for-tests-7c1d"
 GROUP = {"texts": ["one way", "another way", "a third way"]}
 
 
 @pytest.fixture(scope="module")
-def guarded():
+def guarded_service():
+    with InProcessService(api_key=KEY) as service:
+        yield service
+
+
+@pytest.fixture
+def guarded(guarded_service):
+    """A plain httpx client of the guarded service."""
+    with guarded_service.http() as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def guarded_server():
     with LocalServer(api_key=KEY, log_level="debug") as server:
         yield server
 
@@ -22,55 +37,59 @@ def guarded():
 )
 def test_data_routes_refuse_missing_or_wrong_key(guarded, headers):
     for path, body in [("/v1/diversity", {"groups": [GROUP]}), ("/v1/embeddings", {"input": "x"})]:
-        response = httpx.post(guarded.url + path, json=body, headers=headers)
+        response = guarded.post(path, json=body, headers=headers)
         assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
         assert "Authorization: Bearer" in response.json()["error"]["message"]
-    assert httpx.get(guarded.url + "/info", headers=headers).status_code == 401
+    assert guarded.get("/info", headers=headers).status_code == 401
 
 
 def test_right_key_is_accepted(guarded):
     headers = {"Authorization": f"Bearer {KEY}"}
-    assert httpx.post(guarded.url + "/v1/diversity", json={"groups": [GROUP]}, headers=headers).status_code == 200
-    assert httpx.get(guarded.url + "/info", headers=headers).status_code == 200
+    assert guarded.post("/v1/diversity", json={"groups": [GROUP]}, headers=headers).status_code == 200
+    assert guarded.get("/info", headers=headers).status_code == 200
 
 
 def test_health_ready_and_metrics_stay_open(guarded):
     for path in ("/health", "/ready", "/metrics"):
-        assert httpx.get(guarded.url + path).status_code == 200
+        assert guarded.get(path).status_code == 200
 
 
-def test_client_sends_the_key_from_argument_or_environment(guarded, monkeypatch):
-    with SetpoClient(guarded.url, api_key=KEY) as client:
+def test_client_sends_the_key_from_argument_or_environment(guarded_service, monkeypatch):
+    with guarded_service.client(api_key=KEY) as client:
         assert client.diversity([GROUP]).groups[0].marginals
     monkeypatch.setenv("SETPO_API_KEY", KEY)
-    with SetpoClient(guarded.url) as client:
+    with guarded_service.client() as client:
         assert client.info().model == "all-MiniLM-L6-v2"
     monkeypatch.delenv("SETPO_API_KEY")
-    with SetpoClient(guarded.url, max_retries=0) as client, pytest.raises(SetpoAPIError) as caught:
+    with guarded_service.client(max_retries=0) as client, pytest.raises(SetpoAPIError) as caught:
         client.diversity([GROUP])
     assert caught.value.status == 401
 
 
-def test_key_never_appears_in_logs_or_answers(guarded):
+def test_key_never_appears_in_logs_or_answers(guarded_server):
     headers = {"Authorization": f"Bearer {KEY}"}
     answers = [
-        httpx.get(guarded.url + "/info", headers=headers).text,
-        httpx.get(guarded.url + "/metrics").text,
-        httpx.get(guarded.url + "/openapi.json").text,
+        httpx.get(guarded_server.url + "/info", headers=headers).text,
+        httpx.get(guarded_server.url + "/metrics").text,
+        httpx.get(guarded_server.url + "/openapi.json").text,
         httpx.post(
-            guarded.url + "/v1/diversity", json={"groups": [GROUP]}, headers={"Authorization": "Bearer nope"}
+            guarded_server.url + "/v1/diversity", json={"groups": [GROUP]}, headers={"Authorization": "Bearer nope"}
         ).text,
     ]
     assert all(KEY not in answer for answer in answers)
-    assert "GET /info" in guarded.log()  # the debug log did record the requests...
-    assert KEY not in guarded.log()  # ...but not the key
+    assert "GET /info" in guarded_server.log()  # the debug log did record the requests...
+    assert KEY not in guarded_server.log()  # ...but not the key
 
 
-def test_openai_tooling_sends_the_key_and_is_refused_without_it(guarded):
+def openai_of(service: InProcessService, api_key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=service.URL + "/v1", api_key=api_key, max_retries=0, http_client=service.http())
+
+
+def test_openai_tooling_sends_the_key_and_is_refused_without_it(guarded_service):
     with (
-        openai.OpenAI(base_url=guarded.url + "/v1", api_key="wrong", max_retries=0) as client,
+        openai_of(guarded_service, "wrong") as client,
         pytest.raises(openai.AuthenticationError),
     ):
         client.models.list()
-    with openai.OpenAI(base_url=guarded.url + "/v1", api_key=KEY, max_retries=0) as client:
+    with openai_of(guarded_service, KEY) as client:
         assert [m.id for m in client.models.list().data] == ["all-MiniLM-L6-v2"]

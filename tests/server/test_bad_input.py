@@ -3,17 +3,18 @@
 import httpx
 import pytest
 
-from setpo_client import SetpoAPIError, SetpoClient
-from setpo_server.local import LocalServer
+from setpo_client import SetpoAPIError
+from tests.inprocess import InProcessService
 from tests.metrics import scrape
 
 OK_GROUP = {"texts": ["one way", "another way", "a third way"]}
 
 
-def post(server, path: str, body) -> httpx.Response:
-    if isinstance(body, (dict, list)):
-        return httpx.post(server.url + path, json=body, timeout=30)
-    return httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=30)
+def post(service: InProcessService, path: str, body) -> httpx.Response:
+    with service.http(timeout=30) as http:
+        if isinstance(body, (dict, list)):
+            return http.post(path, json=body)
+        return http.post(path, content=body, headers={"content-type": "application/json"})
 
 
 CASES = [
@@ -75,13 +76,13 @@ CASES = [
 
 
 @pytest.mark.parametrize("what,body,status,param,words", CASES, ids=[case[0] for case in CASES])
-def test_bad_diversity_request_is_a_clear_4xx(server, what, body, status, param, words):
-    response = post(server, "/v1/diversity", body)
+def test_bad_diversity_request_is_a_clear_4xx(service, what, body, status, param, words):
+    response = post(service, "/v1/diversity", body)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert words in error["message"]
     assert error["param"] == param
-    assert post(server, "/v1/diversity", {"groups": [OK_GROUP]}).status_code == 200  # still serving
+    assert post(service, "/v1/diversity", {"groups": [OK_GROUP]}).status_code == 200  # still serving
 
 
 EMBEDDING_CASES = [
@@ -94,31 +95,31 @@ EMBEDDING_CASES = [
 
 
 @pytest.mark.parametrize("what,body,param,words", EMBEDDING_CASES, ids=[case[0] for case in EMBEDDING_CASES])
-def test_bad_embeddings_request_is_a_clear_400_as_openai_answers(server, what, body, param, words):
-    response = post(server, "/v1/embeddings", body)
+def test_bad_embeddings_request_is_a_clear_400_as_openai_answers(service, what, body, param, words):
+    response = post(service, "/v1/embeddings", body)
     assert response.status_code == 400, response.text
     assert words in response.json()["error"]["message"]
     assert response.json()["error"]["param"] == param
 
 
-def test_unknown_route_and_method_are_json_errors(server):
-    assert httpx.get(server.url + "/v2/diversity").json()["error"]["type"] == "not_found"
-    response = httpx.get(server.url + "/v1/diversity")
+def test_unknown_route_and_method_are_json_errors(http):
+    assert http.get("/v2/diversity").json()["error"]["type"] == "not_found"
+    response = http.get("/v1/diversity")
     assert response.status_code == 405 and response.json()["error"]["type"] == "method_not_allowed"
 
 
-def test_client_raises_with_the_servers_message(client):
+def test_client_raises_with_the_servers_message(inprocess):
     with pytest.raises(SetpoAPIError) as caught:
-        client.diversity([OK_GROUP, {"texts": ["only", "two"]}])
+        inprocess.diversity([OK_GROUP, {"texts": ["only", "two"]}])
     assert caught.value.status == 422 and caught.value.param == "groups[1]" and "at least 3" in caught.value.message
 
 
 @pytest.fixture(scope="module")
 def limited():
-    with LocalServer(
+    with InProcessService(
         max_groups=2, max_group_size=4, max_text_chars=40, max_body_bytes=2048, max_queue_texts=10
-    ) as server:
-        yield server
+    ) as service:
+        yield service
 
 
 LIMIT_CASES = [
@@ -170,13 +171,15 @@ def test_body_streamed_without_content_length_is_limited_too(limited):
             yield b"x" * 100
         yield b'", "b", "c"]}]}'
 
-    response = httpx.post(limited.url + "/v1/diversity", content=chunks(), headers={"content-type": "application/json"})
+    with limited.http() as http:
+        response = http.post("/v1/diversity", content=chunks(), headers={"content-type": "application/json"})
     assert response.status_code == 413 and "SETPO_MAX_BODY_BYTES" in response.json()["error"]["message"]
 
 
-def test_no_bad_request_produced_a_server_error(server, limited):
-    for running, seen in ((server, "400"), (limited, "413")):
+def test_no_bad_request_produced_a_server_error(service, limited):
+    # in-process, both count into the process's one registry: no 500 from either (nor any other in-process service)
+    for running, seen in ((service, "400"), (limited, "413")):
         samples = scrape(running)
         assert samples.get(f'setpo_requests_total{{route="/v1/diversity",status="{seen}"}}', 0) > 0  # errors count
         assert not any('status="500"' in name for name in samples)
-    assert SetpoClient(limited.url).diversity([OK_GROUP]).groups[0].marginals
+    assert limited.client().diversity([OK_GROUP]).groups[0].marginals

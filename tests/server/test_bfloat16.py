@@ -3,10 +3,9 @@ It must rank a group's responses as float32 does, and its automatic batch budget
 
 import torch
 
-from setpo_client import SetpoClient
 from setpo_core.diversity import cosine_kernel, set_diversity
 from setpo_server.batcher import resolve_batch_tokens
-from setpo_server.local import LocalServer
+from tests.inprocess import InProcessService
 
 GROUPS = [
     [
@@ -36,7 +35,7 @@ def test_auto_batch_budget_follows_device_and_precision():
 
 
 def test_bfloat16_server_gives_float32_marginals_within_tolerance(st_model):
-    with LocalServer(dtype="bfloat16") as server, SetpoClient(server.url) as client:
+    with InProcessService(dtype="bfloat16") as service, service.client() as client:
         info = client.info()
         assert info.dtype == "bfloat16" and info.limits.max_batch_tokens == 4096
         served = torch.tensor([group.marginals for group in client.diversity([{"texts": g} for g in GROUPS]).groups])

@@ -1,4 +1,6 @@
-"""Many callers at once: same answers as one caller, batches coalesced and deduplicated, overload is a 429."""
+"""Many callers at once: same answers as one caller, batches coalesced and deduplicated, overload is a 429.
+In-process (tests/inprocess.py: callers in threads and on their own event loop, the app's batcher on its loop); a
+caller who hangs up needs a real connection to drop, so that one runs against the real server."""
 
 import asyncio
 import threading
@@ -8,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from setpo_client import AsyncSetpoClient, SetpoAPIError, SetpoClient, SetpoTimeoutError
-from setpo_server.local import LocalServer
+from setpo_client import SetpoAPIError, SetpoClient, SetpoTimeoutError
+from tests.inprocess import InProcessService
 from tests.metrics import metric
 
 
@@ -25,20 +27,20 @@ def requests_for(n: int) -> list[list[dict]]:
     ]
 
 
-def test_concurrent_callers_get_the_answers_a_lone_caller_gets(server):
+def test_concurrent_callers_get_the_answers_a_lone_caller_gets(service):
     requests = requests_for(12)
-    with SetpoClient(server.url) as client:
+    with service.client() as client:
         alone = [client.diversity(groups).groups[0].advantages for groups in requests]
 
     def call(groups):
-        with SetpoClient(server.url) as client:
+        with service.client() as client:
             return client.diversity(groups).groups[0].advantages
 
     with ThreadPoolExecutor(12) as pool:
         threaded = list(pool.map(call, requests))
 
     async def gather():
-        async with AsyncSetpoClient(server.url) as client:
+        async with service.async_client() as client:
             return [r.groups[0].advantages for r in await asyncio.gather(*(client.diversity(g) for g in requests))]
 
     for answers in (threaded, asyncio.run(gather())):
@@ -46,55 +48,56 @@ def test_concurrent_callers_get_the_answers_a_lone_caller_gets(server):
 
 
 def test_requests_queued_behind_a_running_batch_share_one_forward_and_dedup():
-    with LocalServer(max_batch_tokens=16384) as server:
+    with InProcessService(max_batch_tokens=16384) as service:
         long_texts = [f"draft {i} " + "step by step " * 120 for i in range(256)]  # 256 tokens each: 4 chunks of 64
-        forwards, dedup = metric(server, "setpo_batch_size_count"), metric(server, "setpo_texts_deduplicated_total")
+        forwards, dedup = metric(service, "setpo_batch_size_count"), metric(service, "setpo_texts_deduplicated_total")
         timed, model_seconds = (
-            metric(server, "setpo_forward_seconds_count"),
-            metric(server, "setpo_forward_seconds_sum"),
+            metric(service, "setpo_forward_seconds_count"),
+            metric(service, "setpo_forward_seconds_sum"),
         )
-        big = threading.Thread(target=lambda: SetpoClient(server.url).embeddings(long_texts))
+        big = threading.Thread(target=lambda: service.client().embeddings(long_texts))
         big.start()
         time.sleep(0.5)  # the big job is in the forward thread now; everything below queues behind it
         shared = ["the same first answer", "the same second answer", "the same third answer"]
         small = [[{"texts": shared + [f"own answer {i}.{j}" for j in range(3)]}] for i in range(10)]
         with ThreadPoolExecutor(10) as pool:
-            results = list(pool.map(lambda groups: SetpoClient(server.url).diversity(groups), small))
+            results = list(pool.map(lambda groups: service.client().diversity(groups), small))
         big.join()
         assert all(len(r.groups[0].marginals) == 6 for r in results)
-        assert metric(server, "setpo_batch_size_count") - forwards == 4 + 1  # the ten small requests: one forward
-        assert metric(server, "setpo_forward_seconds_count") - timed == 4 + 1  # each forward pass timed once
-        assert metric(server, "setpo_forward_seconds_sum") > model_seconds
-        assert metric(server, "setpo_texts_deduplicated_total") - dedup == 10 * 3 - 3
+        assert metric(service, "setpo_batch_size_count") - forwards == 4 + 1  # the ten small requests: one forward
+        assert metric(service, "setpo_forward_seconds_count") - timed == 4 + 1  # each forward pass timed once
+        assert metric(service, "setpo_forward_seconds_sum") > model_seconds
+        assert metric(service, "setpo_texts_deduplicated_total") - dedup == 10 * 3 - 3
 
 
 @pytest.fixture(scope="module")
 def small_queue():
     # One text per forward pass keeps the model busy long enough to fill the queue on purpose.
-    with LocalServer(max_queue_texts=64, max_batch_tokens=256) as server:
-        yield server
+    with InProcessService(max_queue_texts=64, max_batch_tokens=256) as service:
+        yield service
 
 
 def test_full_queue_is_429_with_retry_after_and_the_service_recovers(small_queue):
     """A running job counts against the queue until its last text is embedded (slices are taken one forward at a
     time): while 64 texts are in progress, a second request of 64 is refused, and admitted once they are done."""
-    url = small_queue.url
     texts = lambda tag: [f"{tag} {i} " + "word " * 250 for i in range(64)]  # noqa: E731
-    running = threading.Thread(target=lambda: SetpoClient(url).embeddings(texts("running")))
+    running = threading.Thread(target=lambda: small_queue.client().embeddings(texts("running")))
     running.start()
     deadline = time.monotonic() + 30
     while metric(small_queue, "setpo_queue_texts") < 1:
         assert time.monotonic() < deadline, "first request never admitted"
         time.sleep(0.02)
-    refused = httpx.post(url + "/v1/embeddings", json={"input": texts("second")})
+    with small_queue.http() as http:
+        refused = http.post("/v1/embeddings", json={"input": texts("second")})
     assert refused.status_code == 429
     assert int(refused.headers["retry-after"]) >= 1
     assert "SETPO_MAX_QUEUE_TEXTS=64" in refused.json()["error"]["message"]
     with pytest.raises(SetpoAPIError) as caught:
-        SetpoClient(url, max_retries=0).embeddings(texts("third"))
+        small_queue.client(max_retries=0).embeddings(texts("third"))
     assert caught.value.status == 429
     running.join()
-    assert httpx.post(url + "/v1/embeddings", json={"input": texts("second")}, timeout=120).status_code == 200
+    with small_queue.http(timeout=120) as http:
+        assert http.post("/v1/embeddings", json={"input": texts("second")}).status_code == 200
 
 
 def test_retrying_clients_finish_all_their_work_through_overload(small_queue):
@@ -103,7 +106,7 @@ def test_retrying_clients_finish_all_their_work_through_overload(small_queue):
 
     def worker(w: int) -> int:
         done = 0
-        with SetpoClient(small_queue.url, max_retries=30, backoff=0.1, max_backoff=1.0) as client:
+        with small_queue.client(max_retries=30, backoff=0.1, max_backoff=1.0) as client:
             start.wait()
             for r in range(3):
                 result = client.diversity([{"texts": [f"worker {w} request {r} answer {j}" for j in range(20)]}])

@@ -48,8 +48,8 @@ def test_misspelt_setting_is_named_in_a_warning():
         assert "not settings of setpo-server, ignored: SETPO_MAX_GROUP" in server.log()
 
 
-def test_info_reports_model_and_limits(client):
-    info = client.info()
+def test_info_reports_model_and_limits(inprocess):
+    info = inprocess.info()
     assert (info.model, info.dimension, info.max_tokens, info.device, info.dtype) == (
         "all-MiniLM-L6-v2",
         384,

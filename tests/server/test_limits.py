@@ -1,6 +1,7 @@
 """Work is bounded before it is done: every row counts (duplicates, embedding rows, /v1/embeddings input), a wrong
 key is refused before the body is read, slow senders (of headers or body) are cut off, and too many requests at
-once get 503."""
+once get 503. What needs a socket (a body never sent, slow senders, connections held, /health within its own
+timeout while a body is parsed) runs against the real server; the rest in-process (tests/inprocess.py)."""
 
 import select
 import socket
@@ -11,52 +12,63 @@ import httpx
 import pytest
 
 from setpo_server.local import LocalServer
+from tests.inprocess import InProcessService
 from tests.metrics import metric
 
 KEY = "limits-test-key-51f0"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+LIMITS = {
+    "api_key": KEY,
+    "max_request_rows": 64,
+    "max_embedding_inputs": 16,
+    "max_concurrent_requests": 2,
+    "receive_timeout": 2,
+    "header_timeout": 2,
+    "max_queue_tokens": 400,
+}
 
 
 @pytest.fixture(scope="module")
 def limited():
-    with LocalServer(
-        api_key=KEY,
-        max_request_rows=64,
-        max_embedding_inputs=16,
-        max_concurrent_requests=2,
-        receive_timeout=2,
-        header_timeout=2,
-        max_queue_tokens=400,
-    ) as server:
+    """The real server with these limits, for the tests that need its socket."""
+    with LocalServer(**LIMITS) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def limited_service():
+    with InProcessService(**LIMITS) as service:
+        yield service
+
+
+@pytest.fixture
+def limited_http(limited_service):
+    """A plain httpx client of the same limits in-process, with the key."""
+    with limited_service.http(headers=AUTH) as http:
+        yield http
 
 
 def error_of(response: httpx.Response) -> dict:
     return response.json()["error"]
 
 
-def test_duplicate_inputs_count_against_the_embeddings_limit(limited):
-    response = httpx.post(limited.url + "/v1/embeddings", json={"input": ["a"] * 17}, headers=AUTH)
+def test_duplicate_inputs_count_against_the_embeddings_limit(limited_http):
+    response = limited_http.post("/v1/embeddings", json={"input": ["a"] * 17})
     assert response.status_code == 400 and "SETPO_MAX_EMBEDDING_INPUTS=16" in error_of(response)["message"]
     assert error_of(response)["param"] == "input"
-    assert httpx.post(limited.url + "/v1/embeddings", json={"input": ["a"] * 16}, headers=AUTH).status_code == 200
+    assert limited_http.post("/v1/embeddings", json={"input": ["a"] * 16}).status_code == 200
 
 
-def test_duplicate_texts_and_embedding_rows_count_against_the_request_rows_limit(limited):
+def test_duplicate_texts_and_embedding_rows_count_against_the_request_rows_limit(limited_http):
     for groups in ([{"texts": ["a"] * 32}] * 3, [{"texts": ["a"] * 32}, {"embeddings": [[1.0, 0.0]] * 33}]):
-        response = httpx.post(limited.url + "/v1/diversity", json={"groups": groups}, headers=AUTH)
+        response = limited_http.post("/v1/diversity", json={"groups": groups})
         assert response.status_code == 422 and "SETPO_MAX_REQUEST_ROWS=64" in error_of(response)["message"]
-    assert (
-        httpx.post(
-            limited.url + "/v1/diversity", json={"groups": [{"texts": ["a"] * 32}] * 2}, headers=AUTH
-        ).status_code
-        == 200
-    )
+    assert limited_http.post("/v1/diversity", json={"groups": [{"texts": ["a"] * 32}] * 2}).status_code == 200
 
 
-def test_a_request_with_more_tokens_than_the_queue_holds_is_400_on_the_openai_route(limited):
+def test_a_request_with_more_tokens_than_the_queue_holds_is_400_on_the_openai_route(limited_http):
     texts = [f"text {i} " + "word " * 40 for i in range(12)]  # ~45 tokens each, over 400 together
-    response = httpx.post(limited.url + "/v1/embeddings", json={"input": texts}, headers=AUTH)
+    response = limited_http.post("/v1/embeddings", json={"input": texts})
     # a request that can never fit is invalid: OpenAI's convention on /v1/embeddings is 400 (422 on our own routes)
     assert response.status_code == 400 and "SETPO_MAX_QUEUE_TOKENS=400" in error_of(response)["message"]
 
@@ -156,13 +168,11 @@ def test_requests_over_the_concurrency_limit_get_503_with_retry_after_before_the
     )
 
 
-def test_long_texts_are_cut_before_tokenising_and_counted_as_truncated(limited):
-    info = httpx.get(limited.url + "/info", headers=AUTH).json()
+def test_long_texts_are_cut_before_tokenising_and_counted_as_truncated(limited_http):
+    info = limited_http.get("/info").json()
     assert info["truncate_chars"] == 10 * info["max_tokens"]
     long = "x" * (info["truncate_chars"] * 3)  # one "word": without the cut, a single token of 7680 characters
-    response = httpx.post(
-        limited.url + "/v1/embeddings", json={"input": [long, long[: info["truncate_chars"]]]}, headers=AUTH
-    )
+    response = limited_http.post("/v1/embeddings", json={"input": [long, long[: info["truncate_chars"]]]})
     body = response.json()
     assert response.status_code == 200 and body["usage"]["truncated"] == 1
     # the cut text is what was embedded (equal up to float noise: two rows of one batch)

@@ -1,27 +1,34 @@
-"""OpenAI-compatible tooling against the real server: the official `openai` package lists the model, retrieves
-it and embeds with it (its default request asks for base64), as it would against OpenAI's API."""
+"""OpenAI-compatible tooling against the real service: the official `openai` package lists the model, retrieves
+it and embeds with it (its default request asks for base64), as it would against OpenAI's API. The service runs
+in-process (tests/inprocess.py): the SDK's own httpx client is handed the in-process transport."""
 
 import openai
 import pytest
 import torch
 
+from tests.inprocess import InProcessService
+
 TEXTS = ["The answer is 60.", "Let x be the number of eggs; then x / 5 = 12 and x = 60.", "12 * 5 = 60"]
 
 
+def openai_of(service: InProcessService, api_key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=service.URL + "/v1", api_key=api_key, max_retries=0, http_client=service.http())
+
+
 @pytest.fixture
-def openai_client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+def openai_client(service):
+    with openai_of(service) as client:
         yield client
 
 
-def test_the_model_list_names_the_served_model(openai_client, client):
+def test_the_model_list_names_the_served_model(openai_client, inprocess):
     listed = openai_client.models.list().data
     assert [(m.id, m.object, m.owned_by) for m in listed] == [("all-MiniLM-L6-v2", "model", "setpo")]
     assert listed[0].created > 1_700_000_000  # when the server loaded it, in Unix seconds
     assert openai_client.models.retrieve("all-MiniLM-L6-v2") == listed[0]
     with pytest.raises(openai.NotFoundError, match="serves model 'all-MiniLM-L6-v2', not 'gpt-4o'"):
         openai_client.models.retrieve("gpt-4o")
-    mine = client.models().data[0]  # setpo's own client reads the same
+    mine = inprocess.models().data[0]  # setpo's own client reads the same
     assert (mine.id, mine.created, mine.owned_by) == (listed[0].id, listed[0].created, listed[0].owned_by)
 
 
@@ -45,11 +52,9 @@ def test_a_bad_embeddings_request_is_openais_400_with_its_error_object(openai_cl
 
 
 def test_served_model_names_are_what_the_server_answers_to():
-    from setpo_server.local import LocalServer
-
     with (
-        LocalServer(served_model_name="text-embedding-3-small,minilm") as named,  # as SETPO_SERVED_MODEL_NAME
-        openai.OpenAI(base_url=named.url + "/v1", api_key="unused", max_retries=0) as client,
+        InProcessService(served_model_name="text-embedding-3-small,minilm") as named,  # as SETPO_SERVED_MODEL_NAME
+        openai_of(named) as client,
     ):
         assert [m.id for m in client.models.list().data] == ["text-embedding-3-small", "minilm"]
         assert client.models.retrieve("minilm").id == "minilm"
