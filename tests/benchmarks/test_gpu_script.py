@@ -1,0 +1,99 @@
+"""The parts of `python -m benchmarks.gpu` that can break before a GPU is reached (issue 28): each costs device
+time when it breaks there, so each is checked here, on the CPU, against the real pieces.
+
+- prepare.unmet: a wheel's requirement that nothing carried or in the GPU image meets (fastapi 0.165 needs
+  opentelemetry-api, which was not carried: a first GPU call died of that import);
+- qwen_shaped.build: a folder of Qwen3-Embedding-0.6B's architecture that sentence-transformers and the real
+  service load, pooling the last token of left-padded input;
+- http_vs_inprocess.rollout: a training step's texts, prompts x 6, of the token lengths asked for.
+"""
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+
+from benchmarks.gpu import prepare, qwen_shaped
+from benchmarks.http_vs_inprocess import rollout
+from setpo_server.backend import embedded_model_path
+from tests.inprocess import InProcessService
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
+
+
+def wheel(folder: Path, name: str, requires: list[str]) -> None:
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as archive:
+        lines = [f"Name: {name}", "Version: 1.0", *(f"Requires-Dist: {r}" for r in requires)]
+        archive.writestr(f"{name}-1.0.dist-info/METADATA", "\n".join(lines) + "\n")
+
+
+def test_unmet_names_a_requirement_neither_carried_nor_in_the_image(tmp_path: Path) -> None:
+    wheel(tmp_path, "fastapi", ["starlette>=1.6", "opentelemetry-sdk>=1.44.0", "click>=7"])
+    wheel(tmp_path, "anyio", ['exceptiongroup>=1.0.2; python_version < "3.11"', "idna>=2.8"])
+    wheel(tmp_path, "uvicorn", ['watchfiles>=0.13; extra == "standard"', "h11>=0.8"])
+    assert prepare.unmet(tmp_path) == {"opentelemetry-sdk"}  # not the old-Python one, not the extra
+
+
+def test_the_wheels_prepare_downloads_need_nothing_else() -> None:
+    """The list itself: every requirement of the pinned versions' wheels, as this .venv holds them, is carried or
+    in the image (read from the installed metadata: no download in a test)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    carried = {canonicalize_name(name) for name in prepare.WHEELS} | prepare.IMAGE_HAS
+    for name in prepare.WHEELS:
+        for line in importlib.metadata.requires(name) or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"python_version": "3.12", "extra": ""}):
+                assert canonicalize_name(requirement.name) in carried, f"{name} needs {requirement}"
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return qwen_shaped.build(
+        tmp_path_factory.mktemp("qwen3-shaped"), Path(embedded_model_path()), 512, torch.float32, **TINY
+    )
+
+
+def test_qwen_shaped_folder_has_the_models_architecture(qwen_folder: Path) -> None:
+    config = json.loads((qwen_folder / "config.json").read_text())
+    assert config["model_type"] == "qwen3"
+    for name, value in qwen_shaped.QWEN3_EMBEDDING_06B.items():  # transformers 5 keeps rope_theta in rope_parameters
+        assert config.get(name, config["rope_parameters"].get(name)) == TINY.get(name, value), name
+
+
+def test_qwen_shaped_pools_the_last_token_of_left_padded_input(qwen_folder: Path) -> None:
+    model = SentenceTransformer(str(qwen_folder), device="cpu")
+    assert model.tokenizer.padding_side == "left" and model.max_seq_length == 512
+    short = "three plus five"
+    together = model.encode([short, "a far longer text that pads the short one " * 5], convert_to_tensor=True)
+    alone = model.encode([short], convert_to_tensor=True)
+    assert torch.allclose(together[0], alone[0], atol=1e-5)  # the pad tokens on the left change nothing
+
+
+def test_the_service_serves_the_qwen_shaped_folder(qwen_folder: Path) -> None:
+    with InProcessService(model=str(qwen_folder), device="cpu") as service:
+        info = service.client().info()
+        assert (info.model, info.dimension, info.max_tokens) == (qwen_folder.name, 64, 512)
+        result = service.client().diversity([{"texts": ["a", "b b", "c c c"]}])
+        assert len(result.groups[0].marginals) == 3
+
+
+def test_rollout_is_prompts_by_six_distinct_texts_of_the_lengths_asked() -> None:
+    from benchmarks.http_vs_inprocess import gsm8k_rows
+
+    rows = gsm8k_rows()[:300]
+    tokenizer = SentenceTransformer(embedded_model_path(), device="cpu").tokenizer
+    sample = " ".join(r["answer"] for r in rows[:200])
+    chars_per_token = len(sample) / len(tokenizer(sample)["input_ids"])
+    groups = rollout(rows, chars_per_token, prompts=5, tokens=(500, 1000))
+    texts = [t for g in groups for t in g]
+    assert [len(g) for g in groups] == [6] * 5 and len(set(texts)) == 30
+    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+    assert min(lengths) >= 0.8 * 500 and max(lengths) <= 1.2 * 1000, lengths
