@@ -30,12 +30,7 @@ def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = 
     controller knob without target_ratio, a controller asked to steer a lambda of 0."""
     kernel, key, min_reward = settings.get("kernel") or "embedding", settings.get("key"), settings.get("min_reward")
     normalize = settings.get("normalize") or "none"
-    if kernel not in KERNELS:
-        raise ValueError(f"{spell('kernel')} must be one of {', '.join(KERNELS)}, got {kernel!r}")
-    if normalize not in NORMALIZATIONS:
-        raise ValueError(f"{spell('normalize')} must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
-    if min_reward is not None and not math.isfinite(min_reward):
-        raise ValueError(f"{spell('min_reward')} must be a finite number, got {min_reward}")
+    check_form(kernel, normalize, min_reward, spell)
     if isinstance(key, str):
         try:
             key = load_key(key)  # loaded now: a typo stops the start
@@ -56,6 +51,26 @@ def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = 
     }
 
 
+def check_form(kernel: str, normalize: str, min_reward: float | None, spell: Callable[[str], str] = str) -> None:
+    """The values SetpoShaper takes for these three (it calls this too); a refusal names each as `spell` does."""
+    if kernel not in KERNELS:
+        raise ValueError(f"{spell('kernel')} must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"{spell('normalize')} must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+    if min_reward is not None and not math.isfinite(min_reward):
+        raise ValueError(f"{spell('min_reward')} must be a finite number, got {min_reward}")
+
+
+def check_steerable(weight: float, spell: Callable[[str], str] = str) -> None:
+    """A WeightController steers lambda from the first step's: from 0 it would raise it to min_weight, SetPO on
+    where the weight says off (SetpoShaper calls this too)."""
+    if weight <= 0:
+        raise ValueError(
+            f"{spell('target_ratio')} steers lambda from {spell('weight')}, the first step's lambda: it must be > 0 "
+            "(for a run without SetPO, drop the target ratio)"
+        )
+
+
 def weight_controller(settings: Mapping[str, Any], spell: Callable[[str], str]) -> WeightController | None:
     knobs = {name: settings[name] for name in CONTROLLER_SETTINGS if settings.get(name) is not None}
     if settings.get("target_ratio") is None:
@@ -63,11 +78,7 @@ def weight_controller(settings: Mapping[str, Any], spell: Callable[[str], str]) 
             steering = ", ".join(spell(name) for name in knobs)
             raise ValueError(f"{steering} steer lambda: they need {spell('target_ratio')}")
         return None
-    if not settings.get("weight"):  # the controller would raise lambda 0 to min_weight: SetPO on
-        raise ValueError(
-            f"{spell('target_ratio')} steers lambda from {spell('weight')}, the first step's lambda: it must be > 0 "
-            "(for a run without SetPO, drop the target ratio)"
-        )
+    check_steerable(settings.get("weight") or 0.0, spell)
     low, high = knobs.get("min_weight", 1e-3), knobs.get("max_weight", 10.0)
     if low > high:
         raise ValueError(f"{spell('min_weight')} {low} is above {spell('max_weight')} {high}")

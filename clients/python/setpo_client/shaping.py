@@ -38,7 +38,7 @@ from typing import Literal
 
 from setpo_client.client import SetpoClient, json_body
 from setpo_client.errors import SetpoError
-from setpo_client.policy import KERNELS, NORMALIZATIONS
+from setpo_client.policy import check_form, check_steerable
 from setpo_client.types import GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
@@ -79,17 +79,9 @@ class SetpoShaper:
             raise ValueError(f"weight (lambda) must be a finite number >= 0, got {weight}")
         if on_error not in ("skip", "fail"):
             raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        if normalize not in NORMALIZATIONS:
-            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-        if min_reward is not None and not math.isfinite(min_reward):
-            raise ValueError(f"min_reward must be a finite number, got {min_reward}")
+        check_form(kernel, normalize, min_reward)
         if controller is not None:
-            if weight <= 0:  # the controller would raise it to min_weight: SetPO on where the weight says off
-                raise ValueError(
-                    "a WeightController steers lambda from weight, the first step's lambda: it must be > 0"
-                )
+            check_steerable(weight)
             controller.start(weight)
             weight = controller.weight
         self.client, self.weight, self.on_error, self.max_chars = client, weight, on_error, max_chars
