@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import torch
 
 from benchmarks import loo_closed_form
@@ -49,6 +50,15 @@ def token_count(model, texts: list[str]) -> int:
     """Tokens the model reads of these texts (special tokens included, cut at its max_seq_length)."""
     ids = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]
     return sum(map(len, ids))
+
+
+def forward_seconds(url: str) -> float:
+    """The service's own total of forward-thread time (pad, forward, normalise: setpo_forward_seconds)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text)
+    family = next(f for f in families if f.name == "setpo_forward_seconds")
+    return next(sample.value for sample in family.samples if sample.name.endswith("_sum"))
 
 
 def cut_for(model, groups: list[list[str]]) -> list[list[str]]:
@@ -82,6 +92,7 @@ def compare(
             served()  # warm both paths at this workload's shapes
             model.encode(texts[:64], batch_size=32)
             times: dict[str, list[float]] = {"http": [], **{f"batch{b}": [] for b in batches}}
+            forward_before = forward_seconds(server.url)
             for _ in range(rounds):
                 for batch in batches:
                     start = time.perf_counter()
@@ -100,12 +111,14 @@ def compare(
                 **{f"{k}_tok_s": tokens / statistics.median(v) for k, v in times.items()},
                 "paired_http_over_best": statistics.median(b / h for b, h in zip(times[best], times["http"])),
                 "best_inprocess": best,
+                # the rest of the service's time is tokenising, JSON, queueing and the client: where to look first
+                "forward_share": (forward_seconds(server.url) - forward_before) / sum(times["http"]),
                 **settings,
             }
             print(
                 f"  {name:<12} {dtype:<9} {len(texts):>5} texts {tokens / len(texts):>6.0f} tok/text  "
                 + "  ".join(f"{k} {row[f'{k}_tok_s']:>10.0f} tok/s" for k in times)
-                + f"  http/{best} {row['paired_http_over_best']:.3f}",
+                + f"  http/{best} {row['paired_http_over_best']:.3f}  forward {row['forward_share']:.0%} of http",
                 flush=True,
             )
             rows.append(row)
