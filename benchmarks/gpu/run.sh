@@ -8,6 +8,8 @@ out=${1:?usage: run.sh OUT_DIR [DEADLINE_S]}
 deadline=${2:-400}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
 lscpu | grep -E "Model name|^CPU\(s\)" || true
+# whether this host's CPU runs bfloat16 natively: a quiet CPU for issue 29's measurement if it does
+echo "cpu bf16 flags: $(grep -o -w -E 'amx_bf16|avx512_bf16|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD:$PWD/core:$PWD/clients/python:$PWD/services/embedding_server:$PWD/services/trainer
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=true
