@@ -102,6 +102,8 @@ def compare(
                 start = time.perf_counter()
                 served()
                 times["http"].append(time.perf_counter() - start)
+            if shaper.fallback_steps:  # a step that fell back to lambda = 0 sent nothing: its time means nothing
+                raise RuntimeError(f"{name}: {shaper.fallback_steps} step(s) fell back; see the service's log")
             best = min((f"batch{b}" for b in batches), key=lambda k: statistics.median(times[k]))
             row = {
                 "workload": name,
