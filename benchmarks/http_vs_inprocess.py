@@ -54,6 +54,12 @@ def workloads(rows: list[dict] | None = None) -> dict[str, list[list[str]]]:
     }
 
 
+def chars_per_token(tokenizer, rows: list[dict]) -> float:
+    """How many characters of GSM8K answer make one token, over the first 200 rows: what rollout() asks for."""
+    sample = " ".join(r["answer"] for r in rows[:200])
+    return len(sample) / len(tokenizer(sample)["input_ids"])
+
+
 def rollout(
     rows: list[dict], chars_per_token: float, prompts: int = 1024, size: int = 6, tokens: tuple[int, int] = (500, 4000)
 ) -> list[list[str]]:

@@ -33,7 +33,7 @@ import torch
 
 from benchmarks import loo_closed_form
 from benchmarks.gpu import qwen_shaped
-from benchmarks.http_vs_inprocess import rollout, workloads
+from benchmarks.http_vs_inprocess import chars_per_token, rollout, workloads
 from setpo_client import SetpoClient
 from setpo_client.shaping import SetpoShaper
 from setpo_server.local import LocalServer
@@ -185,15 +185,14 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     tokenizer_model = SentenceTransformer(str(args.assets / "minilm-f16"), device="cpu")
-    sample = " ".join(r["answer"] for r in rows[:200])
-    chars_per_token = len(sample) / len(tokenizer_model.tokenizer(sample)["input_ids"])
+    per_token = chars_per_token(tokenizer_model.tokenizer, rows)
     # toy texts when quick: a CPU attends over a padded batch in memory quadratic in its length
     prompts, qwen_prompts, tokens = (8, 4, (50, 200)) if args.quick else (1024, args.qwen_prompts, (500, 4000))
     bench = workloads(rows)
     if args.quick:
         bench = {name: groups[:4] for name, groups in bench.items()}
-    bench["rollout"] = rollout(rows, chars_per_token, prompts=prompts, tokens=tokens)
-    qwen_texts = rollout(rows, chars_per_token, prompts=qwen_prompts, tokens=tokens)
+    bench["rollout"] = rollout(rows, per_token, prompts=prompts, tokens=tokens)
+    qwen_texts = rollout(rows, per_token, prompts=qwen_prompts, tokens=tokens)
 
     for section in args.sections:
         if time.monotonic() - began > args.deadline:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -45,7 +46,7 @@ def main() -> None:
          "--implementation", "cp", *platforms, "-d", str(wheels), *pins],
         check=True,
     )  # fmt: skip
-    missing = unmet(wheels)
+    missing = unmet(wheel_requirements(wheels))
     if missing:
         raise SystemExit(f"the wheels need packages neither carried nor in the GPU image: {missing}")
 
@@ -66,21 +67,29 @@ def main() -> None:
     print(f"{args.assets}: {size / 2**20:.1f} MiB to carry")
 
 
-def unmet(wheels: Path) -> set[str]:
-    """Requirements of the downloaded wheels (on Python 3.12, no extras) that nothing carried or installed meets:
-    a missing one only shows there, as an ImportError, after minutes of device time."""
-    carried = {str(canonicalize_name(name)) for name in WHEELS} | IMAGE_HAS
-    needed: set[str] = set()
+def wheel_requirements(wheels: Path) -> list[str]:
+    """The Requires-Dist lines of every wheel in the folder."""
+    lines = []
     for wheel in wheels.glob("*.whl"):
         with zipfile.ZipFile(wheel) as archive:
             metadata = next(name for name in archive.namelist() if name.endswith(".dist-info/METADATA"))
-            for line in archive.read(metadata).decode().splitlines():
-                if line.startswith("Requires-Dist:"):
-                    requirement = Requirement(line.removeprefix("Requires-Dist:").strip())
-                    if requirement.marker is None or requirement.marker.evaluate(
-                        {"python_version": "3.12", "extra": ""}
-                    ):
-                        needed.add(str(canonicalize_name(requirement.name)))
+            lines += [
+                line.removeprefix("Requires-Dist:").strip()
+                for line in archive.read(metadata).decode().splitlines()
+                if line.startswith("Requires-Dist:")
+            ]
+    return lines
+
+
+def unmet(requirements: Iterable[str]) -> set[str]:
+    """The requirements (on Python 3.12, no extras) that nothing carried or in the GPU image meets: a missing one
+    only shows there, as an ImportError, after minutes of device time."""
+    carried = {str(canonicalize_name(name)) for name in WHEELS} | IMAGE_HAS
+    needed = set()
+    for line in requirements:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate({"python_version": "3.12", "extra": ""}):
+            needed.add(str(canonicalize_name(requirement.name)))
     return needed - carried
 
 
