@@ -10,16 +10,17 @@ import pytest
 from setpo_client import SetpoClient
 from setpo_server.local import LocalServer
 
-# The suites compare served numbers with float32 references; SETPO_DTYPE=auto may choose bfloat16 on a CPU with AMX,
-# so every service a test starts runs float32 unless it names its dtype (tests/server/test_precision.py tests auto).
-# In-process services (tests/inprocess.py) take float32 unless named, and no SETPO_* variable of this process's.
+# The suites compare served numbers with float32 references; SETPO_DTYPE=auto may choose bfloat16 on a CPU with AMX
+# (tests/server/test_precision.py tests auto). In-process services (tests/inprocess.py) take float32 unless named.
+# A LocalServer drops this process's SETPO_* variables by design: the session server below, and every other that is
+# compared with a float32 reference, names float32 itself. The variable is for what runs in this process.
 os.environ.setdefault("SETPO_DTYPE", "float32")
 
 
 @pytest.fixture(scope="session")
 def server():
     """The real setpo-server as a child process: for what needs a socket."""
-    with LocalServer() as running:
+    with LocalServer(dtype="float32") as running:
         yield running
 
 

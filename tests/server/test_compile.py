@@ -32,7 +32,7 @@ def test_warm_up_compiles_every_graph_and_the_compiled_model_agrees_with_eager()
 
 
 def test_compiled_server_serves_the_same_embeddings(st_model):
-    with LocalServer(compile=True) as server, SetpoClient(server.url) as client:
+    with LocalServer(compile=True, dtype="float32") as server, SetpoClient(server.url) as client:
         assert client.info().compiled
         served = torch.tensor([item.embedding for item in client.embeddings(TEXTS).data])
     local = st_model.encode(TEXTS, convert_to_tensor=True, normalize_embeddings=True)

@@ -1,6 +1,7 @@
 """setpo-train's command line: OpenRLHF's flags unchanged plus --setpo.*, and every mistake stopped before
 Ray or a GPU is touched; the recipes' flags pass OpenRLHF's own checks."""
 
+import json
 import os
 import subprocess
 import sys
@@ -235,6 +236,41 @@ def test_a_ray_runtime_env_hook_already_set_is_chained(tiny_model, server, monke
     }
     with pytest.raises(RuntimeError, match="already has a worker_process_setup_hook"):
         ray_hook.add_worker_setup({"worker_process_setup_hook": "mine.setup"})
+
+
+# what a driver started by setpo-train under `uv run` does: setpo-train's setup (checks only), then OpenRLHF's ray.init
+UV_DRIVER = """
+import json, sys, ray
+from setpo_trainer.openrlhf import cli
+cli.main(json.loads(sys.argv[1]))
+ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})  # as openrlhf.cli.train_ppo_ray.train
+print("RUNTIME_ENV", json.dumps(ray.get_runtime_context().runtime_env))
+ray.shutdown()
+"""
+
+
+def test_under_uv_run_the_job_still_gets_the_setup_hook_and_uvs_environment(tiny_model, server, tmp_path):
+    """Ray, when the driver runs under `uv run`, calls its own uv hook *instead of* RAY_RUNTIME_ENV_HOOK: setpo-train
+    trained plain OpenRLHF there, silently. The real uv and Ray: the job gets SetPO's setup hook and uv's interpreter."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(UV_DRIVER)
+    flags = json.dumps(base_flags(tiny_model, server.url) + ["--setpo.check_only"])
+    env = {**os.environ, "RAY_ADDRESS": "local", "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+    env.pop("RAY_RUNTIME_ENV_HOOK", None)
+    uv_run = [str(BIN / "uv"), "run", "--no-project", "--offline", "--python", sys.executable, "--"]
+    run = subprocess.run(
+        [*uv_run, sys.executable, str(driver), flags],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    (line,) = [line for line in run.stdout.splitlines() if line.startswith("RUNTIME_ENV ")] or [run.stderr[-3000:]]
+    runtime_env = json.loads(line.removeprefix("RUNTIME_ENV "))
+    assert runtime_env["worker_process_setup_hook"] == ray_hook.SETUP_HOOK
+    assert runtime_env["py_executable"].startswith(" ".join(uv_run[:2]))  # Ray's uv propagation, kept
+    assert runtime_env["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"
 
 
 def test_without_vllm_setpo_train_says_what_to_install_and_still_answers_help_and_version():

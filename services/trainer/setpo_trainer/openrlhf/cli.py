@@ -9,8 +9,9 @@ How it plugs in, without a copy of OpenRLHF's code:
    the settings travel to the trainer actor inside `strategy.args`.
 2. Checks. Bad values, a secret on the command line, an OpenRLHF whose trainer moved, a service that is not
    there, a wrong key, or groups the service would refuse stop here, before Ray starts or any GPU is touched.
-3. Ray. RAY_RUNTIME_ENV_HOOK (chained after one already set) makes OpenRLHF's own `ray.init` install our worker
-   setup hook (ray_hook.py), so the trainer actor that OpenRLHF builds uses SetpoExperienceMaker.
+3. Ray. RAY_RUNTIME_ENV_HOOK (chained after one already set, or after Ray's uv hook under `uv run`) makes
+   OpenRLHF's own `ray.init` install our worker setup hook (ray_hook.py), so the trainer actor that OpenRLHF
+   builds uses SetpoExperienceMaker.
 4. OpenRLHF's __main__ block then runs on the parsed arguments: its own checks, then `train(args)`, which starts
    with `ray.init`. --setpo.check_only runs the same block with its `train` name bound to a function that stops.
 """
@@ -27,7 +28,7 @@ from typing import Any
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.policy import KERNELS, NORMALIZATIONS, diversity_policy
 from setpo_client.shaping import SetpoShaper
-from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK
+from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK, UV_RUN_HOOK
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 # Estimators that compare a prompt's samples with each other: SetPO's bonus is defined on those groups.
@@ -401,7 +402,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    from ray._private import ray_constants
+    from ray._private.runtime_env.uv_runtime_env_hook import _get_uv_run_cmdline
+
     existing = os.environ.get("RAY_RUNTIME_ENV_HOOK")
+    if ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV and _get_uv_run_cmdline():
+        # under `uv run` Ray calls its uv hook *instead of* RAY_RUNTIME_ENV_HOOK, so OpenRLHF trained without SetPO:
+        # as Ray's own comment advises, that shortcut is off and ours calls the uv hook (alone, as Ray would)
+        ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+        existing = UV_RUN_HOOK
     if existing and existing != RUNTIME_ENV_HOOK:  # chained: ours calls it first (ray_hook.add_worker_setup)
         os.environ[CHAINED_HOOK_VARIABLE] = existing
     os.environ["RAY_RUNTIME_ENV_HOOK"] = RUNTIME_ENV_HOOK

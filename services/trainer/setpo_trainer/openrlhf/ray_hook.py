@@ -9,7 +9,8 @@ the actor is built. Ray has a hook for exactly that, the runtime env's `worker_p
 setpo-train sets RAY_RUNTIME_ENV_HOOK=`setpo_trainer.openrlhf.ray_hook.add_worker_setup` (after a hook that
 was already set, which ours then calls first: SETPO_CHAINED_RUNTIME_ENV_HOOK). Ray calls it on the runtime env
 of OpenRLHF's own `ray.init(...)` (after merging a RayJob's runtime env), and it adds
-`use_setpo_experience_maker` as the job's worker setup hook.
+`use_setpo_experience_maker` as the job's worker setup hook. Under `uv run` Ray skips RAY_RUNTIME_ENV_HOOK for
+its own uv hook (RAY_ENABLE_UV_RUN_RUNTIME_ENV): setpo-train turns that off and chains Ray's uv hook instead.
 
 That hook runs in EVERY worker process, vLLM engine actors included, before Ray sets their
 CUDA_VISIBLE_DEVICES: it imports nothing. It arranges for the rebind to happen when, and only when, the
@@ -31,6 +32,7 @@ import sys
 SETUP_HOOK = "setpo_trainer.openrlhf.ray_hook.use_setpo_experience_maker"
 RUNTIME_ENV_HOOK = "setpo_trainer.openrlhf.ray_hook.add_worker_setup"
 CHAINED_HOOK_VARIABLE = "SETPO_CHAINED_RUNTIME_ENV_HOOK"  # a RAY_RUNTIME_ENV_HOOK that was set before setpo-train's
+UV_RUN_HOOK = "ray._private.runtime_env.uv_runtime_env_hook.hook"  # what Ray calls instead under `uv run`
 TRAINER_MODULE = "openrlhf.trainer.ppo_trainer"
 
 
