@@ -146,11 +146,14 @@ def main() -> None:
     parser.add_argument("--max-queue-texts", type=int, default=512, help="small, so the load overloads the queue")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path, help="write the server's resident memory over the run to this PNG")
+    parser.add_argument("--dtype", default="auto", help="the server's SETPO_DTYPE (auto: its own default)")
     args = parser.parse_args()
     health = Outcome("load")  # /health latency from a prober process while the load runs
-    with LocalServer(max_queue_texts=args.max_queue_texts) as server, Watch(server, health):
+    with LocalServer(max_queue_texts=args.max_queue_texts, dtype=args.dtype) as server, Watch(server, health):
+        info = httpx.get(f"{server.url}/info").json()
         report = asyncio.run(run_load(server, args.duration, args.callers, retrying=8, work=20))
     summary = {
+        "dtype": f"{info['dtype']} ({info['dtype_reason']})",
         **report.summary(),
         **{key: value for key, value in health.summary().items() if key.startswith("health")},
     }
