@@ -10,7 +10,12 @@ begun by --deadline seconds is skipped, so a call ends inside its limit:
            prompts x 6 responses of 500-4000 tokens) sent as the plug-ins send it (SetpoShaper.score: texts cut
            to what the model reads, packed into requests under the service's limits). Interleaved rounds; the
            paired ratio is the median of each round's own ratio. In-process runs at batch 32 (its default) and 256.
-  sweep    SETPO_MAX_BATCH_TOKENS swept on the rollout and gsm8k-384 (float16): the CUDA default from measurement
+  stages   where the service's time goes: its own parse, tokenize, pad and forward, timed one at a time on the
+           rollout (stages.py)
+  arenas   Backend.tokenize of the rollout in fresh processes: the CPU service's one glibc heap against glibc's
+           default (stages.py)
+  sweep    SETPO_MAX_BATCH_TOKENS swept on a --sweep-prompts x 6 rollout and gsm8k-384 (float16): the CUDA default
+           from measurement
 Token counts are the embedder's tokenizer's, after truncation to what the model reads.
 
 Here, once: `.venv/bin/python -m benchmarks.gpu.prepare` (writes .gpu/). There, with .gpu carried:
@@ -32,7 +37,7 @@ import httpx
 import torch
 
 from benchmarks import loo_closed_form
-from benchmarks.gpu import qwen_shaped
+from benchmarks.gpu import qwen_shaped, stages
 from benchmarks.http_vs_inprocess import chars_per_token, rollout, workloads
 from setpo_client import SetpoClient
 from setpo_client.shaping import SetpoShaper
@@ -135,7 +140,7 @@ def measure(section: str, args: argparse.Namespace, device: str, bench: dict, qw
         loo_closed_form.print_table(rows)
         return rows
     if section == "service":
-        dtypes = ["float16", "bfloat16"] if device == "cuda" else ["float32"]
+        dtypes = args.service_dtypes if device == "cuda" else ["float32"]
         return [row for dtype in dtypes for row in compare(minilm, dtype, device, bench, args.rounds, [32, 256])]
     if section == "qwen":
         dtype = "bfloat16" if device == "cuda" else "float32"
@@ -147,11 +152,18 @@ def measure(section: str, args: argparse.Namespace, device: str, bench: dict, qw
             for budget in args.qwen_budgets
             for row in compare(folder, dtype, device, chosen, 2, [32], max_batch_tokens=budget)
         ]
+    if section == "stages":
+        dtype = "float16" if device == "cuda" else "float32"
+        return [
+            stages.measure(str(minilm), device, dtype, bench["rollout"], [2048] if args.quick else args.sweep_budgets)
+        ]
+    if section == "arenas":
+        return [stages.arenas(str(minilm), bench["rollout"], args.rounds)]
     if section == "sweep":
         dtype = "float16" if device == "cuda" else "float32"
-        chosen = {name: bench[name] for name in ("rollout", "gsm8k-384")}
+        chosen = {"rollout": bench["rollout"][: args.sweep_prompts], "gsm8k-384": bench["gsm8k-384"]}
         rows = []
-        for budget in [2048, 8192] if args.quick else [8192, 16384, 32768, 65536, 131072]:
+        for budget in [2048, 8192] if args.quick else args.sweep_budgets:
             if time.monotonic() - began > args.deadline:
                 print(f"  budget {budget}: skipped, past --deadline", flush=True)
                 continue
@@ -164,11 +176,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--assets", type=Path, default=Path(".gpu"), help="what benchmarks.gpu.prepare wrote")
     parser.add_argument("--out", type=Path, default=Path("out/gpu"))
-    parser.add_argument("--sections", nargs="*", default=["loo", "qwen", "service", "sweep"])
+    parser.add_argument("--sections", nargs="*", default=["loo", "qwen", "stages", "arenas", "service", "sweep"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--deadline", type=float, default=400, help="seconds: a section not begun by then is skipped")
     parser.add_argument("--qwen-prompts", type=int, default=32, help="rollout prompts (x 6 responses) for qwen")
     parser.add_argument("--qwen-budgets", type=int, nargs="+", default=[16384], help="max_batch_tokens for qwen")
+    parser.add_argument("--service-dtypes", nargs="+", default=["float16", "bfloat16"], help="service, on CUDA")
+    parser.add_argument("--sweep-prompts", type=int, default=256, help="rollout prompts (x 6 responses) for sweep")
+    parser.add_argument(
+        "--sweep-budgets", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072], help="sweep and stages"
+    )
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks the script, measures nothing")
     args = parser.parse_args()
     began = time.monotonic()

@@ -5,7 +5,8 @@ time when it breaks there, so each is checked here, on the CPU, against the real
   opentelemetry-api, which was not carried: a first GPU call died of that import);
 - qwen_shaped.build: a folder of Qwen3-Embedding-0.6B's architecture that sentence-transformers and the real
   service load, pooling the last token of left-padded input;
-- http_vs_inprocess.rollout: a training step's texts, prompts x 6, of the token lengths asked for.
+- http_vs_inprocess.rollout: a training step's texts, prompts x 6, of the token lengths asked for;
+- stages: the batcher's packing, and every stage timed on the real Backend.
 """
 
 import json
@@ -16,7 +17,7 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
-from benchmarks.gpu import prepare, qwen_shaped
+from benchmarks.gpu import prepare, qwen_shaped, stages
 from benchmarks.http_vs_inprocess import chars_per_token, rollout
 from setpo_server.backend import embedded_model_path
 from tests.inprocess import InProcessService
@@ -88,3 +89,21 @@ def test_rollout_is_prompts_by_six_distinct_texts_of_the_lengths_asked() -> None
     assert [len(g) for g in groups] == [6] * 5 and len(set(texts)) == 30
     lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
     assert min(lengths) >= 0.8 * 500 and max(lengths) <= 1.2 * 1000, lengths
+
+
+def test_stages_packs_as_the_batcher_and_times_every_stage() -> None:
+    lengths = [5, 300, 17, 17, 120, 64, 64, 64, 1, 250]
+    packed = stages.batches([[0] * n for n in lengths], 256)
+    assert sorted(len(row) for batch in packed for row in batch) == sorted(lengths)  # every text, once
+    flat = [len(row) for batch in packed for row in batch]
+    assert flat == sorted(lengths, reverse=True)  # longest first
+    # within the budget, padded to its longest, unless one text alone is over it
+    assert all(len(batch) * len(batch[0]) <= 256 or len(batch) == 1 for batch in packed)
+    # full: the next text would not have fitted
+    assert all((len(batch) + 1) * len(batch[0]) > 256 for batch in packed[:-1])
+
+    groups = [[f"solution {i}.{j}: " + "(3 + 5) * 2 = 16. " * (i + j) for j in range(6)] for i in range(4)]
+    row = stages.measure(embedded_model_path(), "cpu", "float32", groups, [512, 2048])
+    assert (row["texts"], row["dtype"]) == (24, "float32")
+    for stage in ("parse", "tokenize", "rust", "pad_512", "forward_512", "pad_2048", "forward_2048"):
+        assert row[f"{stage}_ms_per_text"] > 0, stage

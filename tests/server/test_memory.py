@@ -3,7 +3,14 @@
 With glibc's defaults the kernel faulted in and zeroed every batch's activations afresh: 300-500 k page faults
 and 0.7-0.9 s of kernel time per Countdown request (docs/benchmarks.md section 10). Page faults are counted by
 the kernel, so this checks the behaviour without timing anything.
+
+But one heap has one lock: on a 16-core GPU host the tokenizer's threads queued on it, and tokenising ran 25x
+slower (2.6 against 0.10 ms a text; the service at 0.15 of in-process encode, docs/benchmarks.md section 15).
+So one heap only on a CPU with few threads; glibc's own report (malloc_info) says how many heaps a process has.
 """
+
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -26,7 +33,7 @@ def minor_faults(pid: int) -> int:
 @pytest.mark.skipif(MALLOPT is None, reason="glibc only")
 def test_forward_passes_reuse_freed_memory():
     faults = []
-    with LocalServer() as server, httpx.Client(timeout=120) as http:
+    with LocalServer(threads=2) as server, httpx.Client(timeout=120) as http:
         for _ in range(3):
             before = minor_faults(server.process.pid)
             http.post(f"{server.url}/v1/embeddings", json={"input": TEXTS}).raise_for_status()
@@ -34,3 +41,35 @@ def test_forward_passes_reuse_freed_memory():
     # Measured: 25-29 k a request once warm (the batcher's once-a-second trim hands back about one batch's
     # pages), ~70 k with glibc's defaults, where every batch faults in its activations again.
     assert max(faults[1:]) < 45_000, f"page faults per request: {faults}"
+
+
+# setpo-server's order (cli.main): the pools sized, the heaps chosen, then threads; the tokenizer's threads
+# tokenise, and glibc reports its heaps
+HEAPS = """
+import ctypes, sys
+from setpo_server.runtime import LIBC, keep_freed_memory, use_threads
+threads = use_threads(int(sys.argv[2]))
+print(keep_freed_memory(sys.argv[1], threads))
+from transformers import AutoTokenizer
+from setpo_server.backend import embedded_model_path
+tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+tokenizer([f"solution {i}: " + "(3 + 5) * 2 = 16 " * (i % 50) for i in range(4000)], truncation=True)
+LIBC.fopen.restype = ctypes.c_void_p
+report = LIBC.fopen(sys.argv[3].encode(), b"w")
+LIBC.malloc_info(0, ctypes.c_void_p(report))
+LIBC.fclose(ctypes.c_void_p(report))
+"""
+
+
+@pytest.mark.skipif(MALLOPT is None, reason="glibc only")
+@pytest.mark.parametrize(("device", "threads", "one_heap"), [("cpu", 2, True), ("cpu", 4, False), ("cuda", 2, False)])
+def test_one_heap_only_on_a_cpu_with_few_threads(tmp_path, device: str, threads: int, one_heap: bool):
+    report = tmp_path / "malloc_info.xml"
+    run = subprocess.run(
+        [sys.executable, "-c", HEAPS, device, str(threads), str(report)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == [str(one_heap)]
+    heaps = report.read_text().count("<heap nr=")
+    # with glibc's default every tokenizer thread that allocates gets a heap of its own
+    assert heaps == 1 if one_heap else heaps > 1, f"{heaps} heaps for {device} with {threads} threads"

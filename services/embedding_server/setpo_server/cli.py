@@ -15,12 +15,12 @@ from setpo_server.settings import Settings
 
 
 def main() -> None:
+    from setpo_server.backend import resolve_device
     from setpo_server.runtime import keep_freed_memory, use_threads
 
     if sys.argv[1:] == ["--version"]:
         print(f"setpo-server {__version__}")
         return
-    keep_freed_memory()  # before uvicorn and the model start threads: glibc fixes its heap count at the first one
     if any(arg.split("=")[0] == "--api-key" for arg in sys.argv[1:]):
         sys.exit(
             "setpo-server: the API key is read from SETPO_API_KEY only: a command line is visible to every user (ps)"
@@ -30,6 +30,8 @@ def main() -> None:
     except ValidationError as exc:
         problems = "; ".join(f"SETPO_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         sys.exit(f"setpo-server: bad setting: {problems}")
+    threads = use_threads(settings.threads)  # before the model and the tokenizer build their pools
+    one_heap = keep_freed_memory(resolve_device(settings.device), threads)  # before uvicorn and the model start threads
     no_progress_bars()  # before transformers is imported: it reads the setting then
     logging.config.dictConfig(log_config(settings.log_level, settings.log_format))
     # A misspelt setting would otherwise be ignored without a word. Clients share the prefix (SETPO_URL), so warn.
@@ -38,7 +40,9 @@ def main() -> None:
     )
     if unknown:
         logging.getLogger("setpo_server").warning("not settings of setpo-server, ignored: %s", ", ".join(unknown))
-    threads = use_threads(settings.threads)  # before the model and the tokenizer build their pools
+    logging.getLogger("setpo_server").info(
+        "%d threads; glibc heaps: %s", threads, "one for every thread" if one_heap else "glibc's default, one a thread"
+    )
 
     from setpo_server.app import create_app
     from setpo_server.protocol import BoundedProtocol

@@ -1,7 +1,7 @@
-"""Process tuning, called once by `setpo-server` before any thread starts: glibc's heaps and the thread pools.
+"""Process tuning, called once by `setpo-server` before any thread starts: the thread pools and glibc's heaps.
 
-Both must happen before the first thread (glibc fixes its heap count then) and before torch, OpenMP and the
-tokenizer size their pools (each reads its setting when the pool is first built).
+Both must happen before the first thread allocates (a thread keeps the heap it first got) and before torch,
+OpenMP and the tokenizer size their pools (each reads its setting when the pool is first built).
 """
 
 import ctypes
@@ -21,8 +21,13 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS")
 
 
-def keep_freed_memory() -> None:
-    """Make glibc keep the memory a forward pass frees for the next one.
+# One heap pays where the tokenizer's pool is this small (measured at 2, docs/benchmarks.md section 10) and costs
+# 25x in tokenising at 16 threads (section 15); between, unmeasured, glibc's default is the safe side.
+ONE_HEAP_MAX_THREADS = 2
+
+
+def keep_freed_memory(device: str, threads: int) -> bool:
+    """Make glibc keep the memory a CPU forward pass frees for the next one; True if it did.
 
     By default every forward pass's activations came from pages the kernel had to fault in and zero afresh:
     300-500 k page faults and 0.7-0.9 s of kernel time per Countdown request (of ~11 CPU-s). Tensors above a
@@ -32,11 +37,15 @@ def keep_freed_memory() -> None:
     thread allocates on it too), everything below 32 MB (glibc's largest threshold; a 2048-token batch's
     biggest activation is 12.6 MB) allocated on it, and no automatic trimming: the batcher's own malloc_trim,
     once a second, bounds resident memory instead (docs/benchmarks.md section 10).
+    But one heap has one lock, and the tokenizer's threads all allocate: only on a CPU (on a GPU the
+    activations are not on the heap) with at most ONE_HEAP_MAX_THREADS threads.
     """
-    if MALLOPT is not None:
-        MALLOPT(M_ARENA_MAX, 1)
-        MALLOPT(M_MMAP_THRESHOLD, 32 * 1024 * 1024)
-        MALLOPT(M_TRIM_THRESHOLD, 2**31 - 1)
+    if MALLOPT is None or device != "cpu" or threads > ONE_HEAP_MAX_THREADS:
+        return False
+    MALLOPT(M_ARENA_MAX, 1)
+    MALLOPT(M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+    MALLOPT(M_TRIM_THRESHOLD, 2**31 - 1)
+    return True
 
 
 def cpu_quota(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
