@@ -238,8 +238,12 @@ def test_a_ray_runtime_env_hook_already_set_is_chained(tiny_model, server, monke
         ray_hook.add_worker_setup({"worker_process_setup_hook": "mine.setup"})
 
 
-# what a driver started by setpo-train under `uv run` does: setpo-train's setup (checks only), then OpenRLHF's ray.init
-UV_DRIVER = """
+def test_under_uv_run_the_job_still_gets_the_setup_hook_and_uvs_environment(tiny_model, server, tmp_path):
+    """Ray, when the driver runs under `uv run`, calls its own uv hook *instead of* RAY_RUNTIME_ENV_HOOK: setpo-train
+    trained plain OpenRLHF there, silently. The real uv and Ray: the job gets SetPO's setup hook and uv's interpreter."""
+    driver = tmp_path / "driver.py"  # setpo-train's setup (checks only), then OpenRLHF's ray.init, under `uv run`
+    driver.write_text(
+        """
 import json, sys, ray
 from setpo_trainer.openrlhf import cli
 cli.main(json.loads(sys.argv[1]))
@@ -247,13 +251,7 @@ ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})  # as ope
 print("RUNTIME_ENV", json.dumps(ray.get_runtime_context().runtime_env))
 ray.shutdown()
 """
-
-
-def test_under_uv_run_the_job_still_gets_the_setup_hook_and_uvs_environment(tiny_model, server, tmp_path):
-    """Ray, when the driver runs under `uv run`, calls its own uv hook *instead of* RAY_RUNTIME_ENV_HOOK: setpo-train
-    trained plain OpenRLHF there, silently. The real uv and Ray: the job gets SetPO's setup hook and uv's interpreter."""
-    driver = tmp_path / "driver.py"
-    driver.write_text(UV_DRIVER)
+    )
     flags = json.dumps(base_flags(tiny_model, server.url) + ["--setpo.check_only"])
     env = {**os.environ, "RAY_ADDRESS": "local", "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
     env.pop("RAY_RUNTIME_ENV_HOOK", None)
@@ -266,8 +264,8 @@ def test_under_uv_run_the_job_still_gets_the_setup_hook_and_uvs_environment(tiny
         text=True,
         timeout=300,
     )
-    (line,) = [line for line in run.stdout.splitlines() if line.startswith("RUNTIME_ENV ")] or [run.stderr[-3000:]]
-    runtime_env = json.loads(line.removeprefix("RUNTIME_ENV "))
+    assert "RUNTIME_ENV " in run.stdout, run.stderr[-3000:]
+    runtime_env = json.loads(run.stdout.split("RUNTIME_ENV ", 1)[1].splitlines()[0])
     assert runtime_env["worker_process_setup_hook"] == ray_hook.SETUP_HOOK
     assert runtime_env["py_executable"].startswith(" ".join(uv_run[:2]))  # Ray's uv propagation, kept
     assert runtime_env["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"
@@ -320,7 +318,8 @@ def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, serve
     run = run_recipe(recipe, env, "--setpo.check_only")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "the arguments check out" in run.stdout and f"at {server.url}" in run.stdout
-    assert PAPER_FORM in run.stdout  # unless the environment asks for more
+    # the paper's form unless the environment asks for more; Countdown has a solution key: experiment v2's form
+    assert (RECOMMENDED_COUNTDOWN if recipe == "countdown_grpo.sh" else PAPER_FORM) in run.stdout
 
     run = run_recipe(recipe, {**env, "SETPO_URL": None})
     assert run.returncode == 2 and f"{recipe[:-3]}: set SETPO_URL" in run.stderr
@@ -329,6 +328,10 @@ def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, serve
 PAPER_FORM = (
     "setpo-train: diversity policy: min_reward=None key=None kernel=embedding normalize=none target_ratio=None "
     "min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
+)
+RECOMMENDED_COUNTDOWN = (
+    "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore "
+    "target_ratio=0.5 min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
 )
 SCOPED_FORM = {
     "SETPO_MIN_REWARD": "1.0",
@@ -366,8 +369,20 @@ def test_an_empty_variable_passes_no_flag_and_an_argument_wins(tiny_model, serve
 
 def test_a_recipes_diversity_policy_is_checked_like_its_flags(tiny_model, server, tmp_path):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
-    run = run_recipe("countdown_grpo.sh", {**env, **RECIPE_ENV["countdown_grpo.sh"], "SETPO_KERNEL": "hybrid"})
+    run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_KERNEL": "hybrid"})
     assert run.returncode == 2 and "--setpo.kernel=hybrid compares solution keys: give --setpo.key" in run.stderr
+
+
+def test_the_countdown_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path):
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    env |= RECIPE_ENV["countdown_grpo.sh"]
+    run = run_recipe("countdown_grpo.sh", {**env, "SETPO_FORM": "paper"}, "--setpo.check_only")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert PAPER_FORM in run.stdout
+    run = run_recipe("countdown_grpo.sh", {**env, "SETPO_TARGET_RATIO": "0.4"}, "--setpo.check_only")
+    assert "kernel=hybrid normalize=zscore target_ratio=0.4 " in run.stdout  # a variable still wins
+    run = run_recipe("countdown_grpo.sh", {**env, "SETPO_FORM": "scoped"})
+    assert run.returncode == 2 and "SETPO_FORM must be recommended or paper, got 'scoped'" in run.stderr
 
 
 def test_countdown_recipe_needs_its_grid_values(tiny_model, server, tmp_path):

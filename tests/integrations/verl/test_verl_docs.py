@@ -28,7 +28,7 @@ def test_the_documented_diversity_command_starts_with_the_policy_it_shows(server
         f"+algorithm.setpo.url={server.url}" if o.startswith("+algorithm.setpo.url=") else o
         for o in documented_overrides()
     ]
-    assert "+algorithm.setpo.target_ratio=0.3" in overrides and "+algorithm.setpo.kernel=hybrid" in overrides
+    assert "+algorithm.setpo.target_ratio=0.5" in overrides and "+algorithm.setpo.kernel=hybrid" in overrides
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         config = compose(config_name="ppo_trainer", overrides=overrides)
     check_start(config, get_trainer_cls(config.trainer.v1.trainer_mode))
@@ -36,4 +36,4 @@ def test_the_documented_diversity_command_starts_with_the_policy_it_shows(server
     assert (shaper.min_reward, shaper.kernel, shaper.normalize, shaper.weight) == (1.0, "hybrid", "zscore", 0.1)
     assert shaper.key("<answer>(3+5)*2</answer>") == "countdown:mul(2,add(3,5))"
     controller = shaper.controller
-    assert (controller.target_ratio, controller.warmup_steps, controller.freeze_after) == (0.3, 20, None)
+    assert (controller.target_ratio, controller.warmup_steps, controller.freeze_after) == (0.5, 20, None)
