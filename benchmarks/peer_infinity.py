@@ -23,9 +23,8 @@ requests (6 min on the busy 2-core VM): it checks that everything runs, it measu
     python -m benchmarks.peer_infinity [--dtypes float32 bfloat16] [--repeats 5] [--compile] [--quick]
     (needs .venv-infinity: make bench builds it)
 
-Where bfloat16 is emulated (AVX2 only) it runs ~6x slower and its rounds dominate: with --repeats 3 on the 2-core
-EPYC VM the two GSM8K workloads took 45 min together (12-32 min each), so budget ~1.5 h for --repeats 3 and ~2.5 h
-for the default 5 there (docs/benchmarks.md section 13). Where bfloat16 is native (AMX) it is several times shorter.
+Where bfloat16 is emulated (AVX2 only) its rounds dominate and the run takes hours: docs/benchmarks.md section 13
+says how long, measured.
 """
 
 import argparse

@@ -16,8 +16,8 @@ lock-infinity: $(INFINITY_STAMP)
 	mv requirements/infinity.lock.new requirements/infinity.lock
 	touch $(INFINITY_STAMP)
 
-# peer_infinity: setpo, infinity-emb and in-process encode, in float32 and bfloat16, interleaved rounds: ~2.5 h on
-# the 2-core VM where bfloat16 is emulated (AVX2 only), several times shorter with AMX (docs/benchmarks.md section 13).
+# peer_infinity: setpo, infinity-emb and in-process encode, in float32 and bfloat16, interleaved rounds: hours where
+# bfloat16 is emulated (how long: docs/benchmarks.md section 13).
 bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) -m benchmarks.loo_closed_form --plot docs/figures/loo_speedup.png
 	$(PY) -m benchmarks.http_vs_inprocess
