@@ -27,7 +27,7 @@ import torch
 
 from setpo_server.backend import Backend
 from setpo_server.batcher import TOKENIZE_SLICE
-from setpo_server.runtime import M_ARENA_MAX, MALLOPT, use_threads
+from setpo_server.runtime import keep_freed_memory, use_threads
 from setpo_server.schemas import DiversityRequest
 from setpo_server.settings import Settings
 
@@ -121,9 +121,9 @@ def main() -> None:
     parser.add_argument("texts", type=argparse.FileType())
     parser.add_argument("--one-arena", action="store_true")
     args = parser.parse_args()
-    if args.one_arena:  # glibc's one heap, as the CPU service on 2 threads has it (set before any thread starts)
-        assert MALLOPT is not None, "glibc only"
-        MALLOPT(M_ARENA_MAX, 1)
+    # --one-arena: glibc's one heap, as the CPU service on 2 threads has it (set before any thread starts)
+    if args.one_arena and not keep_freed_memory("cpu", 1):
+        raise SystemExit("one heap is a glibc setting; this is not glibc")
     use_threads("auto")  # as setpo-server sizes the tokenizer's pool
     backend = Backend(Settings(model=args.model, device="cpu", dtype="float32"))
     texts = [text[: 8 * backend.max_tokens] for text in json.load(args.texts)]
