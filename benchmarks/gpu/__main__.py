@@ -37,18 +37,13 @@ import httpx
 import torch
 
 from benchmarks import loo_closed_form
-from benchmarks.gpu import qwen_shaped, stages
+from benchmarks.gpu import qwen_shaped, stages, sync
 from benchmarks.http_vs_inprocess import chars_per_token, rollout, workloads
 from setpo_client import SetpoClient
-from setpo_client.shaping import SetpoShaper
+from setpo_client.shaping import SetpoShaper, text_chars
 from setpo_server.local import LocalServer
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def token_count(model, texts: list[str]) -> int:
@@ -66,9 +61,10 @@ def forward_seconds(url: str) -> float:
     return next(sample.value for sample in family.samples if sample.name.endswith("_sum"))
 
 
-def cut_for(model, groups: list[list[str]]) -> list[list[str]]:
-    """The texts as the plug-ins send them (SetpoShaper: 8 characters a model token), so both sides embed the same."""
-    limit = 8 * model.max_seq_length
+def cut_for(client: SetpoClient, groups: list[list[str]]) -> list[list[str]]:
+    """The texts as the plug-ins send them (SetpoShaper's own cut, from the server's /info), so both sides embed
+    the same."""
+    limit = text_chars(client.info())
     return [[text[:limit] for text in group] for group in groups]
 
 
@@ -86,7 +82,7 @@ def compare(
     ):
         shaper = SetpoShaper(client, weight=0.05)
         for name, groups in chosen.items():
-            groups = cut_for(model, groups)
+            groups = cut_for(client, groups)
             texts = [t for g in groups for t in g]
             tokens = token_count(model, texts)
             served: Callable[[], object]

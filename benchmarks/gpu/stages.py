@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from benchmarks.gpu import sync
 from setpo_server.backend import Backend
 from setpo_server.batcher import TOKENIZE_SLICE
 from setpo_server.runtime import keep_freed_memory, use_threads
@@ -46,18 +47,16 @@ def batches(ids: list, budget: int) -> list[list]:
 def measure(model_dir: str, device: str, dtype: str, groups: list[list[str]], budgets: list[int]) -> dict:
     backend = Backend(Settings(model=model_dir, device=device, dtype=dtype))
     backend.warm_up()
-    groups = [[text[: 8 * backend.max_tokens] for text in group] for group in groups]  # as SetpoShaper cuts them
+    groups = [[text[: backend.max_chars] for text in group] for group in groups]  # as the plug-ins send them (/info)
     texts = [text for group in groups for text in group]
     body = json.dumps({"groups": [{"texts": group} for group in groups]})
     ms: dict[str, float] = {}  # stage -> milliseconds a text
 
     def timed(stage: str, work):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         result = work()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        sync()
         ms[stage] = 1000 * (time.perf_counter() - start) / len(texts)
         return result
 
@@ -126,7 +125,7 @@ def main() -> None:
         raise SystemExit("one heap is a glibc setting; this is not glibc")
     use_threads("auto")  # as setpo-server sizes the tokenizer's pool
     backend = Backend(Settings(model=args.model, device="cpu", dtype="float32"))
-    texts = [text[: 8 * backend.max_tokens] for text in json.load(args.texts)]
+    texts = [text[: backend.max_chars] for text in json.load(args.texts)]  # as measure() and the plug-ins
     backend.tokenize(texts[:TOKENIZE_SLICE])
     start = time.perf_counter()
     for first in range(0, len(texts), TOKENIZE_SLICE):

@@ -6,9 +6,10 @@ time when it breaks there, so each is checked here, on the CPU, against the real
 - qwen_shaped.build: a folder of Qwen3-Embedding-0.6B's architecture that sentence-transformers and the real
   service load, pooling the last token of left-padded input;
 - http_vs_inprocess.rollout: a training step's texts, prompts x 6, of the token lengths asked for;
-- stages: the batcher's packing, and every stage timed on the real Backend.
+- stages: the batcher's packing (against the real Batcher's), and every stage timed on the real Backend.
 """
 
+import asyncio
 import json
 import zipfile
 from pathlib import Path
@@ -19,7 +20,9 @@ from sentence_transformers import SentenceTransformer
 
 from benchmarks.gpu import prepare, qwen_shaped, stages
 from benchmarks.http_vs_inprocess import chars_per_token, rollout
-from setpo_server.backend import embedded_model_path
+from setpo_server.backend import Backend, embedded_model_path
+from setpo_server.batcher import Batcher
+from setpo_server.settings import Settings
 from tests.inprocess import InProcessService
 
 TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
@@ -89,6 +92,31 @@ def test_rollout_is_prompts_by_six_distinct_texts_of_the_lengths_asked() -> None
     assert [len(g) for g in groups] == [6] * 5 and len(set(texts)) == 30
     lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
     assert min(lengths) >= 0.8 * 500 and max(lengths) <= 1.2 * 1000, lengths
+
+
+def test_stages_packs_one_job_as_the_real_batcher_does() -> None:
+    """stages.batches restates Batcher._next_batch for one job (the stage timings need the batches without the
+    queue): the real batcher, fed the same texts, must build the same batches, in the same order."""
+    backend = Backend(Settings(model=str(embedded_model_path()), device="cpu", dtype="float32"))
+    texts = [f"text {i}: " + "a few more words " * (i % 9) for i in range(40)]
+    built: list[list[int]] = []
+    encode = backend.encode
+
+    def recorded(ids: list) -> torch.Tensor:  # the real forward pass, its batch's lengths noted
+        built.append([len(row) for row in ids])
+        return encode(ids)
+
+    backend.encode = recorded  # type: ignore[method-assign]
+
+    async def embed() -> None:
+        batcher = Batcher(backend, 200, max_queue_texts=1000, max_queue_tokens=10**6)
+        await batcher.embed(texts)
+        await batcher.close()
+
+    asyncio.run(embed())
+    ids, _ = backend.tokenize(texts)
+    assert built == [[len(row) for row in batch] for batch in stages.batches(ids, 200)]
+    assert len(built) > 3  # the budget split the job: the packing rule was exercised
 
 
 def test_stages_packs_as_the_batcher_and_times_every_stage() -> None:

@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from setpo_client import SetpoClient, SetpoError
-from setpo_client.shaping import SetpoShaper, duplicate_share
+from setpo_client.shaping import SetpoShaper, duplicate_share, text_chars
 from setpo_server.local import LocalServer, free_port
 from tests.inprocess import InProcessService
 
@@ -242,3 +242,11 @@ def test_a_member_the_json_body_cannot_carry_fails_its_group_not_the_step(inproc
         and step.metrics["setpo/fallback_steps"] == 0
         and "cannot be sent" in caplog.text
     )
+
+
+def test_texts_are_cut_to_what_the_service_keeps(inprocess):
+    info = inprocess.info()
+    assert text_chars(info) == info.truncate_chars == 10 * info.max_tokens  # the server's own cut, from /info
+    assert text_chars(info.model_copy(update={"truncate_chars": None})) == 8 * info.max_tokens  # a server too old
+    assert text_chars(info, max_chars=50) == 50  # the caller's cap
+    assert text_chars(info, max_chars=10**9) == info.limits.max_text_chars  # never more than the service accepts

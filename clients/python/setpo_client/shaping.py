@@ -58,8 +58,8 @@ class ShapedStep:
 class SetpoShaper:
     """Scores one training step's groups under the diversity policy, the service's limits (learned from /info)
     and the degrade policy above. max_chars caps each text further (its beginning is kept, as the server keeps
-    the beginning when it truncates tokens); by default texts are cut to 8 characters a token of the service's
-    model, which the service would cut to anyway."""
+    the beginning when it truncates tokens); by default texts are cut to what the service keeps (text_chars),
+    which it would cut to anyway."""
 
     def __init__(
         self,
@@ -349,9 +349,7 @@ def fit_step(
     ([[(group index, group payload), ...] per request], groups left unscored, texts cut). Sizes are measured with
     the client's own encoder, so they are the real body sizes."""
     limits = info.limits
-    chars = min(
-        limits.max_text_chars, max_chars or info.truncate_chars or 8 * info.max_tokens
-    )  # the server keeps no more
+    chars = text_chars(info, max_chars)
     envelope_size = len(json_body(envelope))
     fitted, unscored, cut = [], 0, 0
     for index, payload, size in payloads:
@@ -363,6 +361,12 @@ def fit_step(
         if "texts" in payload:
             cut += sum(len(a) < len(b) for a, b in zip(group[0]["texts"], payload["texts"]))
     return pack(fitted, limits, envelope_size), unscored, cut
+
+
+def text_chars(info: Info, max_chars: int | None = None) -> int:
+    """Characters of a text the plug-ins send: what the server keeps (/info's truncate_chars; 8 a model token from
+    a server too old to say), or the caller's max_chars, within the service's max_text_chars."""
+    return min(info.limits.max_text_chars, max_chars or info.truncate_chars or 8 * info.max_tokens)
 
 
 def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int) -> tuple[dict, int, int] | None:
