@@ -58,6 +58,6 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
 
 
 def no_progress_bars() -> None:
-    """Loading a model draws progress bars (transformers, the hub, tqdm): a server's log is not a terminal."""
+    """Loading a model draws progress bars (transformers' and the hub's, which read this when imported): a server's
+    log is not a terminal. No TQDM_DISABLE: tqdm reads it when imported, and torch has imported it by now."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TQDM_DISABLE", "1")
