@@ -3,8 +3,12 @@
 Sections, in this order (--sections picks), each printed as it finishes and saved to --out/gpu.json; one not
 begun by --deadline seconds is skipped, so a call ends inside its limit:
   loo      closed-form LOO marginals against the literal definition on the GPU, B up to 4096, G up to 128
+  replicas one 1024 x 6 rollout step through SetpoShaper (MiniLM, float16): one service as the plug-ins send
+           today, against requests in flight to one service, to two on the same GPU, to two at half the token
+           budget (replicas.py)
   qwen     a Qwen3-Embedding-0.6B-shaped model (qwen_shaped.py: its architecture, random weights) through the
-           server path below, bfloat16, on --qwen-prompts x 6 rollout texts, against in-process encode at batch 32
+           server path below, bfloat16, on --qwen-prompts x 6 rollout texts (default the whole 1024 x 6 step),
+           against in-process encode at batch 32; rounds that would end past --deadline are not begun
   service  /v1/diversity (a real setpo-server on 127.0.0.1) against in-process SentenceTransformer.encode of the
            same texts, MiniLM in float16 and bfloat16: the three `make bench` workloads, and a rollout (1024
            prompts x 6 responses of 500-4000 tokens) sent as the plug-ins send it (SetpoShaper.score: texts cut
@@ -37,7 +41,7 @@ import httpx
 import torch
 
 from benchmarks import loo_closed_form
-from benchmarks.gpu import qwen_shaped, stages, sync
+from benchmarks.gpu import qwen_shaped, replicas, stages, sync
 from benchmarks.http_vs_inprocess import chars_per_token, rollout, workloads
 from setpo_client import SetpoClient
 from setpo_client.shaping import SetpoShaper, text_chars
@@ -69,9 +73,17 @@ def cut_for(client: SetpoClient, groups: list[list[str]]) -> list[list[str]]:
 
 
 def compare(
-    model_dir: Path, dtype: str, device: str, chosen: dict, rounds: int, batches: list[int], **settings
+    model_dir: Path,
+    dtype: str,
+    device: str,
+    chosen: dict,
+    rounds: int,
+    batches: list[int],
+    until: float | None = None,
+    **settings,
 ) -> list:
-    """setpo-server against in-process encode, interleaved: one row per workload."""
+    """setpo-server against in-process encode, interleaved: one row per workload. A round that would end past
+    `until` (time.monotonic(), judged by the round before) is not begun; the first always runs."""
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(model_dir), device=device, model_kwargs={"dtype": DTYPES[dtype]})
@@ -85,24 +97,33 @@ def compare(
             groups = cut_for(client, groups)
             texts = [t for g in groups for t in g]
             tokens = token_count(model, texts)
-            served: Callable[[], object]
+            served: Callable[[list[list[str]]], object]
             if name.startswith("rollout"):  # a training step: the plug-ins' own path, several requests
-                served = lambda: shaper.score(groups)  # noqa: E731
+                served = shaper.score
             else:  # one request, as the CPU benchmark (docs/benchmarks.md section 2)
-                served = lambda: client.diversity([{"texts": g} for g in groups])  # noqa: E731
-            served()  # warm both paths at this workload's shapes
+                served = lambda part: client.diversity([{"texts": g} for g in part])  # noqa: E731
+            served(groups[:64])  # warm both paths (a whole 1024 x 6 step of a 0.6B model would take minutes)
             model.encode(texts[:64], batch_size=32)
             times: dict[str, list[float]] = {"http": [], **{f"batch{b}": [] for b in batches}}
             forward_before = forward_seconds(server.url)
-            for _ in range(rounds):
+            for round_ in range(rounds):
+                round_began = time.monotonic()
                 for batch in batches:
                     start = time.perf_counter()
                     model.encode(texts, batch_size=batch, convert_to_tensor=True, normalize_embeddings=True)
                     sync()
                     times[f"batch{batch}"].append(time.perf_counter() - start)
                 start = time.perf_counter()
-                served()
+                served(groups)
                 times["http"].append(time.perf_counter() - start)
+                last = time.monotonic() - round_began
+                print(
+                    f"  {name} round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()),
+                    flush=True,
+                )
+                if round_ + 1 < rounds and until is not None and time.monotonic() + last > until:
+                    print(f"  {name}: {round_ + 1} of {rounds} rounds, the next would end past --deadline", flush=True)
+                    break
             if shaper.fallback_steps:  # a step that fell back to lambda = 0 sent nothing: its time means nothing
                 raise RuntimeError(f"{name}: {shaper.fallback_steps} step(s) fell back; see the service's log")
             best = min((f"batch{b}" for b in batches), key=lambda k: statistics.median(times[k]))
@@ -112,6 +133,9 @@ def compare(
                 "texts": len(texts),
                 "tokens": tokens,
                 **{f"{k}_tok_s": tokens / statistics.median(v) for k, v in times.items()},
+                "rounds": len(times["http"]),
+                "http_s_rounds": times["http"],
+                f"{best}_s_rounds": times[best],
                 "paired_http_over_best": statistics.median(b / h for b, h in zip(times[best], times["http"])),
                 "best_inprocess": best,
                 # the rest of the service's time is tokenising, JSON, queueing and the client: where to look first
@@ -143,11 +167,15 @@ def measure(section: str, args: argparse.Namespace, device: str, bench: dict, qw
         shape = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128} if args.quick else {}
         folder = qwen_shaped.build(Path(tempfile.mkdtemp(prefix="qwen3-shaped-")), minilm, 8192, DTYPES[dtype], **shape)
         chosen = {"rollout-qwen": qwen_texts}
+        until = began + args.deadline
         return [
             row
             for budget in args.qwen_budgets
-            for row in compare(folder, dtype, device, chosen, 2, [32], max_batch_tokens=budget)
+            for row in compare(folder, dtype, device, chosen, args.rounds, [32], until, max_batch_tokens=budget)
         ]
+    if section == "replicas":
+        dtype = "float16" if device == "cuda" else "float32"
+        return [replicas.measure(minilm, device, dtype, bench["rollout"], args.rounds, args.replica_budget)]
     if section == "stages":
         dtype = "float16" if device == "cuda" else "float32"
         return [
@@ -172,10 +200,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--assets", type=Path, default=Path(".gpu"), help="what benchmarks.gpu.prepare wrote")
     parser.add_argument("--out", type=Path, default=Path("out/gpu"))
-    parser.add_argument("--sections", nargs="*", default=["loo", "qwen", "stages", "arenas", "service", "sweep"])
+    parser.add_argument(
+        "--sections", nargs="*", default=["loo", "replicas", "qwen", "stages", "arenas", "service", "sweep"]
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--deadline", type=float, default=400, help="seconds: a section not begun by then is skipped")
-    parser.add_argument("--qwen-prompts", type=int, default=32, help="rollout prompts (x 6 responses) for qwen")
+    parser.add_argument("--qwen-prompts", type=int, default=1024, help="rollout prompts (x 6 responses) for qwen")
+    parser.add_argument("--replica-budget", type=int, default=16384, help="max_batch_tokens of replicas' services")
     parser.add_argument("--qwen-budgets", type=int, nargs="+", default=[16384], help="max_batch_tokens for qwen")
     parser.add_argument("--service-dtypes", nargs="+", default=["float16", "bfloat16"], help="service, on CUDA")
     parser.add_argument("--sweep-prompts", type=int, default=256, help="rollout prompts (x 6 responses) for sweep")

@@ -108,6 +108,7 @@ def test_settings_configmap_holds_only_known_settings(rendered, overlay):
     assert configmap["data"]["SETPO_DEVICE"] == ("cuda" if overlay == "overlays/gpu" else "cpu")
     if overlay == "overlays/gpu":
         assert configmap["data"]["SETPO_MODEL"] == "Qwen/Qwen3-Embedding-0.6B"
+        assert configmap["data"]["SETPO_MAX_BATCH_TOKENS"] == "65536"  # that model's measured budget
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
