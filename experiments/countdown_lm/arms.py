@@ -13,12 +13,14 @@ from dataclasses import asdict, dataclass, replace
 @dataclass(frozen=True)
 class Config:
     arm: str  # grpo | paper | scoped-embedding | scoped-key | scoped-hybrid | controller-<kernel> | unlikeliness
+    # | scoped-answer-span (v3: the scoped embedding form, embedding the answer span alone)
     weight: float = 0.0  # lambda (the controller's first lambda); 0: no SetPO
     min_reward: float | None = None
     kernel: str = "embedding"
     normalize: str = "none"
     target_ratio: float | None = None  # the weight controller's RMS(bonus) / RMS(advantage)
     rank_penalty: float = 0.0  # the unlikeliness reward's beta_rank
+    embed_span: str | None = None  # what of a response the service embeds (experiment v3: the answer span)
 
     @property
     def name(self) -> str:

@@ -141,6 +141,7 @@ def train(
             setpo_kernel=config.kernel,  # type: ignore[arg-type]
             setpo_normalize=config.normalize,  # type: ignore[arg-type]
             setpo_controller=controller,
+            setpo_embed_span=config.embed_span,
         )
         trainer_of["trainer"] = trainer
         trainer.remove_callback(ProgressCallback)

@@ -73,6 +73,14 @@ def test_bad_flags_fail_clearly(flags, capsys):
     assert "group-size >= 3" in capsys.readouterr().err
 
 
+def test_embed_span_is_refused_the_bandit_has_no_texts(capsys):
+    with pytest.raises(SystemExit):
+        bandit.parse_args(["--url", "x", "--out", "x", "--embed-span", "<answer>(.*?)</answer>"])
+    assert "--embed-span chooses what of a text is embedded; the bandit's responses are embedding vectors" in (
+        capsys.readouterr().err
+    )
+
+
 def test_the_scoped_form_with_keys_and_the_controller_keeps_rewarded_modes_alive(server, tmp_path):
     flags = [
         "--min-reward",

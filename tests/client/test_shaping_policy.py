@@ -172,9 +172,63 @@ def test_a_policy_from_settings_is_what_the_shaper_takes():
         "key": None,
         "kernel": "embedding",
         "normalize": "none",
+        "embed_span": None,
         "controller": None,
     }
     SetpoShaper(SetpoClient(), 0.1, **policy)  # taken as it is
+
+
+ANSWER_SPAN = r"<answer>(.*?)</answer>"
+
+
+def test_embed_span_sends_each_texts_last_match_and_the_bonus_is_the_services_for_those_spans(inprocess):
+    """The service embeds what embed_span picks (the last match's group, stripped): the step's bonus is exactly the
+    service's bonus for the spans sent as texts; keys still come from the whole text; a text without a match is
+    sent whole and counted."""
+    groups = [[*GROUPS[0][:5], "plan : no answer yet"], GROUPS[2]]
+    rewards = [[1.0, 1.0, 1.0, 1.0, 0.1, 0.0], [1.0, 1.0, 1.0]]
+    shaper = SetpoShaper(inprocess, weight=0.3, min_reward=1.0, normalize="zscore", embed_span=ANSWER_SPAN)
+    step = shaper.score(groups, rewards=rewards)
+    spans = [["(3+5)*2", "2*(5+3)", "2*8", "8*3-8", "(5-2)*8", "plan : no answer yet"], ["(3+5)*2", "2*8", "8*3-8"]]
+    direct = inprocess.diversity(
+        [{"texts": s, "rewards": r} for s, r in zip(spans, rewards)], weight=0.3, min_reward=1.0, normalize="zscore"
+    )
+    assert step.bonus == [group.bonus for group in direct.groups]
+    whole = SetpoShaper(inprocess, weight=0.3, min_reward=1.0, normalize="zscore").score(groups, rewards=rewards)
+    assert whole.bonus != step.bonus  # the plan words no longer reach the embedder
+    assert step.metrics["setpo/span_missing"] == 1.0 and "setpo/span_missing" not in whole.metrics
+
+    keyed = SetpoShaper(
+        inprocess, 0.3, min_reward=1.0, key=countdown_expression, kernel="hybrid", embed_span=r"<answer>.*?</answer>"
+    )
+    sent = keyed.payloads(groups, [list(range(6)), [0, 1, 2]], rewards, None, {"span_missing": 0})
+    assert sent[0][1]["texts"][0] == "<answer> (3+5)*2 </answer>"  # no group: the whole match
+    assert sent[0][1]["keys"][:2] == [countdown_expression(GROUPS[0][0])] * 2  # keys from the whole text
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"embed_span": "(<answer>"}, r"--s.embed_span '\(<answer>' is not a regular expression"),
+        ({"embed_span": "(a)(b)"}, r"has 2 groups: give at most one"),
+        (
+            {"embed_span": ANSWER_SPAN, "kernel": "key", "key": "countdown_expression"},
+            r"--s.embed_span chooses what is embedded; --s.kernel=key embeds nothing",
+        ),
+    ],
+)
+def test_embed_span_is_refused_where_it_cannot_apply(settings, match):
+    with pytest.raises(ValueError, match=match):
+        diversity_policy(settings, spell=lambda name: f"--s.{name}")
+    others = diversity_policy({name: value for name, value in settings.items() if name != "embed_span"})
+    with pytest.raises(ValueError, match=match.replace("--s.", "")):  # SetpoShaper checks it as well
+        SetpoShaper(SetpoClient(), 0.1, **{**others, "embed_span": settings["embed_span"]})
+
+
+def test_embed_span_with_embedding_vectors_is_a_failed_step_not_a_silently_unused_setting(inprocess):
+    vectors = [[[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]]]
+    with pytest.raises(SetpoError, match="embed_span chooses what of a text is embedded; this step sent embedding"):
+        SetpoShaper(inprocess, 0.1, on_error="fail", embed_span=ANSWER_SPAN).score(vectors)
 
 
 class FakeService(BaseHTTPRequestHandler):

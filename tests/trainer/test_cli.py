@@ -326,11 +326,11 @@ def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, serve
 
 
 PAPER_FORM = (
-    "setpo-train: diversity policy: min_reward=None key=None kernel=embedding normalize=none target_ratio=None "
-    "min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
+    "setpo-train: diversity policy: min_reward=None key=None kernel=embedding normalize=none embed_span=None "
+    "target_ratio=None min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
 )
 RECOMMENDED_COUNTDOWN = (
-    "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore "
+    "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore embed_span=None "
     "target_ratio=0.5 min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
 )
 SCOPED_FORM = {
@@ -353,7 +353,7 @@ def test_recipes_take_the_diversity_policy_from_the_environment(recipe, tiny_mod
     run = run_recipe(recipe, {**env, **RECIPE_ENV[recipe], **SCOPED_FORM}, "--setpo.check_only")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert (
-        "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore "
+        "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore embed_span=None "
         "target_ratio=0.3 min_weight=0.01 max_weight=2.0 weight_ema=0.5 warmup_steps=3 freeze_after=100"
     ) in run.stdout
     assert "the arguments check out" in run.stdout

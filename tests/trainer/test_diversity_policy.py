@@ -62,6 +62,13 @@ def test_the_flags_build_the_shaper(tiny_model, server):
     assert shaper.weight == 0.05  # --setpo.weight: the first step's lambda
 
 
+def test_embed_span_flag_reaches_the_shaper(tiny_model, server):
+    _, maker, _, _ = makers(tiny_model, server.url, *SETTINGS["grpo"], "--setpo.embed_span", "<answer>(.*?)</answer>")
+    assert maker.setpo.embed_span.pattern == "<answer>(.*?)</answer>"
+    _, paper, _, _ = makers(tiny_model, server.url, *SETTINGS["grpo"])
+    assert paper.setpo.embed_span is None  # the whole text, as before
+
+
 @pytest.mark.parametrize("kernel", ["hybrid", "key"])
 def test_only_correct_responses_get_a_bonus_and_it_is_the_services(kernel, tiny_model, server, client):
     flags = [

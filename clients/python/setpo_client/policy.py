@@ -10,6 +10,7 @@ from a name to its spelling, so that a refusal names what its user has to change
 """
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,14 +24,16 @@ CONTROLLER_SETTINGS = ("min_weight", "max_weight", "weight_ema", "warmup_steps",
 
 
 def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = str) -> dict[str, Any]:
-    """SetpoShaper's policy arguments (min_reward, key, kernel, normalize, controller) from settings named weight,
-    min_reward, key (a key function or its name), kernel, normalize, target_ratio and CONTROLLER_SETTINGS; absent
+    """SetpoShaper's policy arguments (min_reward, key, kernel, normalize, embed_span, controller) from settings named
+    weight, min_reward, key (a key function or its name), kernel, normalize, embed_span, target_ratio and
+    CONTROLLER_SETTINGS; absent
     or None: the paper's form and WeightController's defaults. A value SetpoShaper or WeightController would not
     take is refused (ValueError), and so is one that would be silently unused: a key the kernel ignores, a
     controller knob without target_ratio, a controller asked to steer a lambda of 0."""
     kernel, key, min_reward = settings.get("kernel") or "embedding", settings.get("key"), settings.get("min_reward")
-    normalize = settings.get("normalize") or "none"
+    normalize, embed_span = settings.get("normalize") or "none", settings.get("embed_span") or None
     check_form(kernel, normalize, min_reward, spell)
+    check_span(embed_span, kernel, spell)
     if isinstance(key, str):
         try:
             key = load_key(key)  # loaded now: a typo stops the start
@@ -47,6 +50,7 @@ def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = 
         "key": key,
         "kernel": kernel,
         "normalize": normalize,
+        "embed_span": embed_span,
         "controller": weight_controller(settings, spell),
     }
 
@@ -59,6 +63,25 @@ def check_form(kernel: str, normalize: str, min_reward: float | None, spell: Cal
         raise ValueError(f"{spell('normalize')} must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     if min_reward is not None and not math.isfinite(min_reward):
         raise ValueError(f"{spell('min_reward')} must be a finite number, got {min_reward}")
+
+
+def check_span(embed_span: str | None, kernel: str, spell: Callable[[str], str] = str) -> None:
+    """embed_span, the part of each response that is embedded: a regular expression with at most one group (its
+    last match is embedded: the group, or the whole match); kernel=key embeds nothing, so there it would be unused."""
+    if embed_span is None:
+        return
+    try:
+        groups = re.compile(embed_span).groups
+    except re.error as exc:
+        raise ValueError(f"{spell('embed_span')} {embed_span!r} is not a regular expression: {exc}") from exc
+    if groups > 1:
+        raise ValueError(
+            f"{spell('embed_span')} {embed_span!r} has {groups} groups: give at most one (what is embedded)"
+        )
+    if kernel == "key":
+        raise ValueError(
+            f"{spell('embed_span')} chooses what is embedded; {spell('kernel')}=key embeds nothing: drop one"
+        )
 
 
 def check_steerable(weight: float, spell: Callable[[str], str] = str) -> None:

@@ -14,6 +14,9 @@ The diversity policy (contract v1.1; docs/diversity.md says how to choose it for
 - `min_reward`: only responses whose reward reaches it are scored, among themselves; the others get 0;
 - `key`: a function text -> solution identity or None, sent as the group's `keys` ('hybrid' and 'key' kernels);
 - `kernel`: 'embedding' (the paper), 'hybrid', 'key'; `normalize`: 'none' (the paper) or 'zscore';
+- `embed_span`: a regular expression; of each text, the last match (its group, if it has one) is what the service
+  embeds, e.g. r"<answer>(.*?)</answer>" where the answer carries the solution (a program, an expression); a text
+  without a match is sent whole and counted (setpo/span_missing). Keys are taken from the whole text;
 - the weight: `weight` fixed, or steered by a WeightController to a target ratio of the bonus's RMS to the
   advantage's RMS (logged every step as setpo/weight).
 
@@ -30,6 +33,7 @@ The degrade policy, for every integration:
 
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -38,7 +42,7 @@ from typing import Literal
 
 from setpo_client.client import SetpoClient, json_body
 from setpo_client.errors import SetpoError
-from setpo_client.policy import check_form, check_steerable
+from setpo_client.policy import check_form, check_span, check_steerable
 from setpo_client.types import GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
@@ -74,12 +78,14 @@ class SetpoShaper:
         normalize: Normalize = "none",
         controller: WeightController | None = None,
         step_timeout: float | None = None,
+        embed_span: str | None = None,
     ):
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"weight (lambda) must be a finite number >= 0, got {weight}")
         if on_error not in ("skip", "fail"):
             raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
         check_form(kernel, normalize, min_reward)
+        check_span(embed_span, kernel)
         if controller is not None:
             check_steerable(weight)
             controller.start(weight)
@@ -87,6 +93,7 @@ class SetpoShaper:
         self.client, self.weight, self.on_error, self.max_chars = client, weight, on_error, max_chars
         self.min_reward, self.key, self.kernel, self.normalize = min_reward, key, kernel, normalize
         self.controller = controller
+        self.embed_span = None if embed_span is None else re.compile(embed_span, re.DOTALL)
         # one budget for a step's requests, retries and waits included (default: the client's timeout)
         timeout = client.timeout if isinstance(client.timeout, int | float) else client.timeout.read
         self.step_timeout = step_timeout if step_timeout is not None else timeout
@@ -173,7 +180,7 @@ class SetpoShaper:
             raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
         weight = self.weight
         scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
-        counts = {"unscored": 0, "small_scope": 0, "bad": 0, "cut": 0, "requests": 0}
+        counts = {"unscored": 0, "small_scope": 0, "bad": 0, "cut": 0, "requests": 0, "span_missing": 0}
         answered: list[tuple[int, GroupResult]] = []  # (group index, the service's answer) for every group sent
         failed = False
         if weight > 0 and groups:
@@ -229,6 +236,10 @@ class SetpoShaper:
             members = [groups[index][row] for row in rows]
             if self.kernel == "key":  # nothing is embedded: the keys alone carry the group
                 payload: dict = {}
+            elif members and self.embed_span is not None:
+                if not isinstance(members[0], str):
+                    raise ValueError("embed_span chooses what of a text is embedded; this step sent embedding vectors")
+                payload = {"texts": [self.span_of(member, counts) for member in members]}
             else:
                 payload = {"texts" if isinstance(members[0], str) else "embeddings": members} if members else {}
             if rewards is not None:
@@ -271,6 +282,19 @@ class SetpoShaper:
                 )
             answered += [(index, group) for (index, _), group in zip(batch, result.groups)]
         return answered
+
+    def span_of(self, text: object, counts: dict[str, int]) -> object:
+        """What of a text is embedded under embed_span: its last match's group (or the whole match); the text whole
+        when nothing (or nothing but space) matches, counted. A member that is not text is left for group_problem."""
+        assert self.embed_span is not None
+        if not isinstance(text, str):
+            return text
+        matches = list(self.embed_span.finditer(text))
+        span = matches[-1].group(1 if self.embed_span.groups else 0) if matches else None
+        if not span or not span.strip():
+            counts["span_missing"] += 1
+            return text
+        return span.strip()
 
     def keys_of(self, members: list) -> list[str | None]:
         if self.key is None:
@@ -322,6 +346,8 @@ class SetpoShaper:
             "setpo/requests": float(counts["requests"]),
             "setpo/bonus_rms": rms([bonus[index][row] for index, row in members]),
         }
+        if self.embed_span is not None:  # texts sent whole for want of a match: a format the pattern does not fit
+            metrics["setpo/span_missing"] = float(counts["span_missing"])
         if advantages is not None:
             metrics["setpo/advantage_rms"] = rms([float(advantages[index][row]) for index, row in members])
             if metrics["setpo/advantage_rms"] > 0:

@@ -13,6 +13,7 @@
 #   SETPO_KEY           --setpo.key            solution key function: countdown_expression or package.module:function
 #   SETPO_KERNEL        --setpo.kernel         embedding | hybrid | key
 #   SETPO_NORMALIZE     --setpo.normalize      none | zscore
+#   SETPO_EMBED_SPAN    --setpo.embed_span     embed only the last match of this regular expression of each text
 #   SETPO_TARGET_RATIO  --setpo.target_ratio   steer lambda to RMS(bonus) / RMS(advantage); the recipe's lambda starts it
 #   SETPO_MIN_WEIGHT, SETPO_MAX_WEIGHT, SETPO_WEIGHT_EMA, SETPO_WARMUP_STEPS, SETPO_FREEZE_AFTER
 #                       --setpo.min_weight, ... the controller's bounds, averaging, warm-up and freeze
@@ -43,7 +44,7 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 # The diversity policy from the environment, as flags placed after the recipe's --setpo.weight and before the
 # recipe's own arguments (so an argument still wins). setpo-train checks the values, as it checks its flags.
 POLICY_FLAGS=()
-for name in min_reward key kernel normalize target_ratio min_weight max_weight weight_ema warmup_steps freeze_after; do
+for name in min_reward key kernel normalize embed_span target_ratio min_weight max_weight weight_ema warmup_steps freeze_after; do
     variable=SETPO_${name^^}
     if [ -n "${!variable:-}" ]; then
         POLICY_FLAGS+=("--setpo.$name" "${!variable}")

@@ -78,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="embedding: cosine of the responses (the paper); key / hybrid: the sampled mode is the solution key",
     )
     parser.add_argument("--normalize", choices=["none", "zscore"], default="none")
+    parser.add_argument(
+        "--embed-span", metavar="REGEX", help="refused here: it cuts texts, and the bandit's responses are vectors"
+    )
     parser.add_argument("--target-ratio", type=float, help="steer lambda to this RMS(bonus) / RMS(advantage)")
     parser.add_argument("--min-weight", type=float, default=1e-3, help="lower bound of the steered lambda")
     parser.add_argument("--max-weight", type=float, default=10.0, help="upper bound of the steered lambda")
@@ -96,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds the client waits for an answer")
     parser.add_argument("--verbose", action="store_true", help="log every request (httpx and others at INFO)")
     args = parser.parse_args(argv)
+    if args.embed_span is not None:  # every plug-in takes the setting; here it has nothing to apply to
+        parser.error("--embed-span chooses what of a text is embedded; the bandit's responses are embedding vectors")
     if args.rewarded > args.modes or args.group_size < 3 or args.steps < 1:
         parser.error("need rewarded <= modes, group-size >= 3 (leave-one-out needs 3) and steps >= 1")
     try:

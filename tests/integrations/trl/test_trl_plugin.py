@@ -146,6 +146,22 @@ def test_the_diversity_policy_reaches_the_loss_as_the_services_bonus_and_the_con
     assert logged[1]["setpo/weight"] == pytest.approx(WEIGHT * 0.5 / logged[0]["setpo/bonus_ratio"], rel=1e-6)
 
 
+def test_embed_span_sends_the_spans_and_the_loss_sees_their_bonus(tiny_model, client, spy, tmp_path):
+    """setpo_embed_span: the service embeds each completion's span (here its first word), and the loss sees TRL's
+    advantage plus the bonus the service gives those spans; setpo/span_missing counts completions sent whole."""
+    trainer = make_trainer(tiny_model, client, tmp_path, setpo_policy={"setpo_embed_span": r"^\s*(\S+)"})
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "setpo/span_missing" in entry]
+    assert len(logged) == len(spy["trl"]) == 2
+    for (base, texts), trained_on, entry in zip(spy["trl"], spy["loss"], logged):
+        spans = [first_word(t) or t for t in texts]  # nothing but space: sent whole
+        groups = [spans[i : i + 4] for i in range(0, len(spans), 4)]
+        marginals = [s for g in client.diversity([{"texts": g} for g in groups]).groups for s in g.marginals]
+        expected = base + WEIGHT * torch.tensor(marginals)
+        assert all(trained_on[text] == pytest.approx(expected[i].item(), abs=1e-5) for i, text in enumerate(texts))
+        assert entry["setpo/span_missing"] == sum(first_word(t) is None for t in texts)
+
+
 def test_a_key_kernel_without_a_key_is_refused_at_start(tiny_model, client, tmp_path):
     with pytest.raises(ValueError, match="give setpo_key"):
         make_trainer(tiny_model, client, tmp_path, setpo_policy={"setpo_kernel": "key"})

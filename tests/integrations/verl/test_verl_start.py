@@ -232,6 +232,22 @@ def test_a_full_diversity_policy_composes_from_the_command_line_and_is_logged_at
     assert "min_reward=1.0 key=setpo_client.keys:countdown_expression kernel=hybrid normalize=zscore" in caplog.text
 
 
+def test_embed_span_composes_from_the_command_line_through_hydras_grammar(server, caplog):
+    span = "+algorithm.setpo.embed_span='<answer>(.*?)</answer>'"  # quoted: Hydra's grammar has ( ) and ?
+    config = verl_config(*setpo(server.url, "+algorithm.setpo.min_reward=1.0", span))
+    with caplog.at_level(logging.INFO, logger="setpo_client.verl"):
+        check_start(config, get_trainer_cls("sync"))
+    assert shaper_for(setpo_settings(config.algorithm)).embed_span.pattern == "<answer>(.*?)</answer>"
+    assert "embed_span=<answer>(.*?)</answer>" in caplog.text
+    keyed = verl_config(
+        *setpo(server.url, span, "+algorithm.setpo.kernel=key", "+algorithm.setpo.key=countdown_expression")
+    )
+    with pytest.raises(
+        ValueError, match=r"\+algorithm.setpo.embed_span chooses what is embedded; \+algorithm.setpo.kernel=key"
+    ):
+        get_trainer_cls(keyed.trainer.v1.trainer_mode)(config=keyed)
+
+
 def test_a_trainer_class_that_would_log_no_setpo_metrics_is_refused_and_the_legacy_one_is_not(server):
     # veRL's experimental SeparateRayPPOTrainer calls the plug-in's compute_advantage, but logs its metrics
     # through metric_utils.compute_data_metrics: it would shape every step and never say so

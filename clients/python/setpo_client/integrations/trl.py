@@ -8,7 +8,8 @@
 Diversity among correct solutions (contract v1.1; docs/diversity.md says how to choose): setpo_min_reward=1.0 scores
 only the completions whose reward (TRL's weighted sum over reward_funcs) reaches it, setpo_key a key function (or
 its name, e.g. "countdown_expression"), setpo_kernel "embedding" | "hybrid" | "key", setpo_normalize "none" |
-"zscore", and setpo_controller=WeightController(target_ratio=...) steers lambda (setpo_weight is then the first
+"zscore", setpo_embed_span a regular expression choosing what of each completion is embedded (its last match, e.g.
+r"<answer>(.*?)</answer>"), and setpo_controller=WeightController(target_ratio=...) steers lambda (setpo_weight is then the first
 step's) so the bonus is that share of TRL's advantages.
 
 The service's key comes from $SETPO_API_KEY (SetpoClient's default): never put it in GRPOConfig, which TRL
@@ -70,6 +71,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
         setpo_kernel: Kernel = "embedding",
         setpo_normalize: Normalize = "none",
         setpo_controller: WeightController | None = None,
+        setpo_embed_span: str | None = None,
         **kwargs,
     ):
         # the hooks must still be TRL's own seams, or this subclass would add methods nobody calls
@@ -84,6 +86,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
             "key": setpo_key,
             "kernel": setpo_kernel,
             "normalize": setpo_normalize,
+            "embed_span": setpo_embed_span,
         }
         policy = {**diversity_policy(settings, spell), "controller": setpo_controller}
         if not SpecifierSet(TESTED_RANGE).contains(trl.__version__, prereleases=True):

@@ -11,7 +11,8 @@ configure everything else:
 Diversity among correct solutions (contract v1.1; docs/diversity.md says how to choose), SetpoShaper's policy
 under veRL's names: +algorithm.setpo.min_reward=1.0 scores only the responses whose reward (veRL's token-level
 scores summed over the response, as its GRPO sums them) reaches it; key=countdown_expression (or
-package.module:function) a solution key function; kernel=embedding|hybrid|key; normalize=none|zscore; and
+package.module:function) a solution key function; kernel=embedding|hybrid|key; normalize=none|zscore;
+embed_span='<answer>(.*?)</answer>' embeds only the last match of that regular expression of each response; and
 target_ratio=0.3 steers lambda (weight is then the first step's) so that RMS(bonus) / RMS(advantage) is that,
 with min_weight, max_weight, weight_ema, warmup_steps, freeze_after. A setting that would go unused (a key with
 the embedding kernel, a controller knob without target_ratio, a misspelt name) stops the run at start.
@@ -77,7 +78,7 @@ GROUP_ESTIMATORS = (
     "reinforce_plus_plus_baseline",
     "gdpo",
 )
-POLICY_SETTINGS = ("min_reward", "key", "kernel", "normalize", "target_ratio", *CONTROLLER_SETTINGS)
+POLICY_SETTINGS = ("min_reward", "key", "kernel", "normalize", "embed_span", "target_ratio", *CONTROLLER_SETTINGS)
 SETTINGS = (
     "enable",
     "url",
@@ -139,7 +140,7 @@ def shaper_for(settings: dict) -> SetpoShaper:
         named = {knob: number(settings, knob) for knob in ("min_reward", "target_ratio", "min_weight", "max_weight")}
         named |= {knob: number(settings, knob, None, int) for knob in ("warmup_steps", "freeze_after")}
         named |= {"weight": number(settings, "weight", 0.05), "weight_ema": number(settings, "weight_ema")}
-        named |= {knob: settings.get(knob) for knob in ("key", "kernel", "normalize")}
+        named |= {knob: settings.get(knob) for knob in ("key", "kernel", "normalize", "embed_span")}
         policy = diversity_policy(named, spell)
         client = SetpoClient(settings["url"], timeout=number(settings, "timeout", 60.0))  # key: $SETPO_API_KEY
         try:

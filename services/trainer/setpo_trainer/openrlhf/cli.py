@@ -47,6 +47,7 @@ POLICY_FLAGS = (
     "setpo.key",
     "setpo.kernel",
     "setpo.normalize",
+    "setpo.embed_span",
     "setpo.target_ratio",
     *CONTROLLER_FLAGS,
 )
@@ -223,6 +224,13 @@ def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
         choices=NORMALIZATIONS,
         default="none",
         help="none: the raw marginals (the paper); zscore: standardised over the scored responses of each group",
+    )
+    setpo.add_argument(
+        "--setpo.embed_span",
+        metavar="REGEX",
+        default=None,
+        help="embed only this part of each text: the last match of the regular expression (its group, if it has "
+        "one), e.g. '<answer>(.*?)</answer>'; a text without a match is embedded whole (default: the whole text)",
     )
     setpo.add_argument(
         "--setpo.target_ratio",

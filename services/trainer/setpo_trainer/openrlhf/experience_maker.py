@@ -37,7 +37,9 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         client = SetpoClient(
             setpo.url or DEFAULT_URL, timeout=setpo.timeout, max_retries=setpo.max_retries
         )  # key: $SETPO_API_KEY
-        settings = {name: getattr(setpo, name) for name in ("weight", "min_reward", "key", "kernel", "normalize")}
+        settings = {
+            name: getattr(setpo, name) for name in ("weight", "min_reward", "key", "kernel", "normalize", "embed_span")
+        }
         if setpo.target_ratio is not None:  # with its knobs; setpo-train checked the flags before Ray started
             settings |= {name: getattr(setpo, name) for name in ("target_ratio", *CONTROLLER_SETTINGS)}
         policy = diversity_policy(settings, spell)  # the key function is loaded by name here, in the trainer actor
@@ -46,7 +48,7 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         logger.info(
             f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, "
             f"on_error={setpo.on_error}, min_reward={setpo.min_reward}, key={setpo.key}, kernel={setpo.kernel}, "
-            f"normalize={setpo.normalize}, target_ratio={setpo.target_ratio})"
+            f"normalize={setpo.normalize}, embed_span={setpo.embed_span}, target_ratio={setpo.target_ratio})"
         )
 
     @torch.no_grad()
