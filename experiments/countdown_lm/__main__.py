@@ -1,8 +1,11 @@
 """Experiment v2: which form of SetPO keeps distinct correct solutions alive? Stage by stage: the puzzles, the base
 model, every arm and weight on the validation split (two seeds), the best scoped form with the weight controller,
 then GRPO, SetPO as published, the best scoped form and the unlikeliness reward on the test split (five seeds
-each), and the report. Every run's results are written under --out and a run already there is skipped, so an
-interrupted experiment resumes where it stopped (make experiment starts from scratch).
+each), and the report. Then experiment v3 (issue 38), the forms that need no solution key, under --out/v3: one
+kept v2 run replayed with today's code (v2's runs are reused only if it writes the same samples), the answer-span
+form on validation beside the scoped embedding form, the best keyless form, the scoped embedding form, GRPO and
+v2's keyed form on the test split, and report-v3. Every run's results are written under --out and a run already
+there is skipped, so an interrupted experiment resumes where it stopped (make experiment starts from scratch).
 
     python -m experiments.countdown_lm --out out/countdown_lm [--quick] [--jobs 2] [--setpo-url URL] [--figures docs/figures]
 """
@@ -82,12 +85,59 @@ def main(argv: list[str] | None = None) -> dict:
         stage(f"test: {len(finalists)} arms x seeds {plan.test_seeds}")
         run_all(args, plan, url, [(c, s, "test") for c in finalists for s in plan.test_seeds])
 
-    stage("report")
-    results = report.write(
-        args.out, plan, validation, chosen, finalists, time.perf_counter() - started, figures=args.figures
+        stage("report")
+        results = report.write(
+            args.out, plan, report.choices_record(chosen, validation), finalists, time.perf_counter() - started,
+            figures=args.figures,
+        )  # fmt: skip
+        print(report.test_table(results))
+        v3 = keyless(args, plan, url, chosen["best_scoped_form"], started)
+    print(f"\ndone in {(time.perf_counter() - started) / 60:.1f} min; wrote {args.out / 'report'} and report-v3")
+    return {**results, "v3": v3}
+
+
+def keyless(args: argparse.Namespace, plan: Plan, url: str, keyed: Config, started: float) -> dict:
+    """Experiment v3 under --out/v3 (its data and base model are v2's). Reuse of a v2 run is decided by replaying
+    one first: `keyed` (v2's chosen keyed form, which exercises the whole SetPO path) on validation."""
+    root = args.out / "v3"
+    root.mkdir(exist_ok=True)
+    for shared in ("data", "base"):
+        if not (root / shared).exists():
+            (root / shared).symlink_to(Path("..") / shared)
+    print(f"\n== v3: replaying {keyed.name} seed {plan.replay_seed} with today's code", flush=True)
+    run_all(args, plan, url, [(keyed, plan.replay_seed, "validation")], root)
+    replay = report.same_samples(
+        job.run_dir(args.out, keyed, plan.replay_seed) / "eval-validation",
+        job.run_dir(root, keyed, plan.replay_seed) / "eval-validation",
     )
+    reuse = replay["differing"] == 0
+    print(
+        f"replay: {replay['differing']} of {replay['samples']} samples differ: v2's runs are {'' if reuse else 'not '}reused"
+    )
+
+    def root_of(config: Config, seeds: tuple[int, ...], split: str) -> Path:
+        kept = reuse and all(job.is_done(args.out, config, seed, split) for seed in seeds)
+        return args.out if kept else root
+
+    embedding = [Config("scoped-embedding", weight=w, **arms.SCOPE) for w in plan.scoped_weights]
+    configs = [arms.GRPO, *embedding, *arms.keyless(plan)]
+    roots = {c.name: root_of(c, plan.validation_seeds, "validation") for c in configs}
+    print(f"\n== v3 validation: {len(configs)} configs x seeds {plan.validation_seeds}", flush=True)
+    todo = [(c, s, "validation") for c in configs if roots[c.name] == root for s in plan.validation_seeds]
+    run_all(args, plan, url, todo, root)
+    rows = [row for c in configs for row in report.validation_rows(roots[c.name], [c], plan.validation_seeds)]
+    chosen = report.choose_keyless(rows)
+    finalists = list({c.name: c for c in [arms.GRPO, chosen["keyless"], chosen["embedding"], keyed]}.values())
+    roots = {c.name: root_of(c, plan.test_seeds, "test") for c in finalists}
+    print(f"\n== v3 test: {', '.join(c.name for c in finalists)} x seeds {plan.test_seeds}", flush=True)
+    run_all(
+        args, plan, url, [(c, s, "test") for c in finalists if roots[c.name] == root for s in plan.test_seeds], root
+    )
+    results = report.write(
+        args.out, plan, report.keyless_record(chosen, rows, replay), finalists, time.perf_counter() - started,
+        figures=args.figures, roots=roots, version="v3",
+    )  # fmt: skip
     print(report.test_table(results))
-    print(f"\ndone in {(time.perf_counter() - started) / 60:.1f} min; wrote {args.out / 'report'}")
     return results
 
 
@@ -107,21 +157,25 @@ def evaluate_base(out: Path, plan: Plan, split: str) -> None:
         )
 
 
-def run_all(args: argparse.Namespace, plan: Plan, url: str, runs: list[tuple[Config, int, str]]) -> None:
-    """Every run not yet done: in this process one at a time (--jobs 1), else as --jobs processes with one thread
-    each, a progress bar over the runs and a line as each one ends (its log: the run's directory, log.txt)."""
-    todo = [run for run in runs if not job.is_done(args.out, *run)]
+def run_all(
+    args: argparse.Namespace, plan: Plan, url: str, runs: list[tuple[Config, int, str]], root: Path | None = None
+) -> None:
+    """Every run not yet done under root (default --out): in this process one at a time (--jobs 1), else as --jobs
+    processes with one thread each, a progress bar over the runs and a line as each one ends (its log: the run's
+    directory, log.txt)."""
+    out = root or args.out
+    todo = [run for run in runs if not job.is_done(out, *run)]
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already done", flush=True)
     if args.jobs == 1:
         for config, seed, split in todo:
-            job.run(args.out, plan, config, seed, split, url)
+            job.run(out, plan, config, seed, split, url)
         return
 
     def in_a_process(run: tuple[Config, int, str]) -> str:
         config, seed, split = run
-        where = job.run_dir(args.out, config, seed)
+        where = job.run_dir(out, config, seed)
         where.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "experiments.countdown_lm.job", "--out", str(args.out), "--seed", str(seed)]
+        command = [sys.executable, "-m", "experiments.countdown_lm.job", "--out", str(out), "--seed", str(seed)]
         command += ["--config", json.dumps(config.as_dict()), "--split", split, "--url", url]
         command += ["--quick"] if args.quick else []
         began = time.perf_counter()

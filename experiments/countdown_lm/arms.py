@@ -54,6 +54,11 @@ def phase_one(plan) -> list[Config]:
     ]
 
 
+def keyless(plan) -> list[Config]:
+    """Experiment v3: the scoped form with no solution key, embedding only each response's answer span."""
+    return [Config("scoped-answer-span", weight=w, embed_span=plan.answer_span, **SCOPE) for w in plan.scoped_weights]
+
+
 def phase_two(best_scoped: Config, ratios: tuple[float, ...]) -> list:
     """The best scoped form, with lambda steered to each target ratio instead of fixed (its first lambda: its own)."""
     arm = f"controller-{best_scoped.kernel}"

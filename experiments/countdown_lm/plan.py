@@ -46,6 +46,10 @@ class Plan:
     target_ratios: tuple[float, ...] = (0.15, 0.4)
     # test: the finalists, five seeds none of which chose anything
     test_seeds: tuple[int, ...] = (100, 101, 102, 103, 104)
+    # experiment v3 (issue 38): the scoped form without a key, embedding only the answer span (the keyless form the
+    # identity study found nearest a key), at the scoped weights; a kept v2 run replayed with today's code first
+    answer_span: str = r"<answer>(.*?)</answer>"
+    replay_seed: int = 0
     rl: RLSettings = RLSettings()
     samples: int = 64  # n per puzzle in evaluation: pass@k for k = 1..64
     max_new_tokens: int = 48

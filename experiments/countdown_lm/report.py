@@ -13,7 +13,7 @@ import random
 import shutil
 from collections import Counter
 from pathlib import Path
-from statistics import fmean, median, pstdev
+from statistics import fmean, median, pstdev, stdev
 
 from experiments.countdown_lm import arms, job
 from experiments.countdown_lm.arms import Config
@@ -84,9 +84,12 @@ def seeds_of(out: Path, config: Config, seeds: tuple[int, ...], split: str) -> l
     return found
 
 
-def mean_std(values: list) -> list:
+def mean_std(values: list, ddof: int = 0) -> list:
+    """[mean, std] of the values present; std with ddof 0 (the population's: v2's tables) or 1 (the sample's: v3)."""
     present = [v for v in values if v is not None]
-    return [fmean(present), pstdev(present)] if present else [None, None]
+    if not present:
+        return [None, None]
+    return [fmean(present), stdev(present) if ddof and len(present) > 1 else pstdev(present)]
 
 
 def validation_rows(out: Path, configs: list[Config], seeds: tuple[int, ...]) -> list[dict]:
@@ -119,10 +122,7 @@ def choose(rows: list[dict]) -> dict:
         return row["metrics"]["pass@1"][0] >= floor
 
     def best(candidates: list[dict]) -> dict:
-        good = [r for r in candidates if eligible(r)]
-        if good:
-            return max(good, key=lambda r: (r["metrics"]["solutions"][0], r["metrics"]["pass@64"][0]))
-        return max(candidates, key=lambda r: r["metrics"]["pass@1"][0])
+        return best_of(candidates, floor)
 
     by_arm: dict[str, list[dict]] = {}
     for row in rows:
@@ -140,6 +140,55 @@ def choose(rows: list[dict]) -> dict:
         "best_scoped": scoped["config"],
         "best_scoped_form": best([scoped, *controlled])["config"],
     }
+
+
+def best_of(candidates: list[dict], floor: float) -> dict:
+    """choose's ranking: among the configs whose pass@1 reaches the floor, the most distinct correct solutions (ties:
+    pass@64); with none eligible, the highest pass@1."""
+    good = [r for r in candidates if r["metrics"]["pass@1"][0] >= floor]
+    if good:
+        return max(good, key=lambda r: (r["metrics"]["solutions"][0], r["metrics"]["pass@64"][0]))
+    return max(candidates, key=lambda r: r["metrics"]["pass@1"][0])
+
+
+def choose_keyless(rows: list[dict]) -> dict:
+    """Experiment v3's rule, fixed before any of its runs: choose's floor (GRPO's pass@1 less the seed std pooled
+    over the rows given: GRPO, the scoped embedding form, the answer-span form) and ranking, among the configs that
+    need no solution key. The best keyless config goes to the test split beside GRPO, the scoped embedding form's
+    own best weight and v2's keyed form."""
+    floor, seed_std = pass_floor(rows)
+    keyless = [r for r in rows if r["config"].arm in ("scoped-embedding", "scoped-answer-span")]
+    embedding = [r for r in keyless if r["config"].arm == "scoped-embedding"]
+    return {
+        "floor": floor,
+        "seed_std": seed_std,
+        "keyless": best_of(keyless, floor)["config"],
+        "embedding": best_of(embedding, floor)["config"],
+        "eligible": {r["config"].name: r["metrics"]["pass@1"][0] >= floor for r in rows},
+    }
+
+
+def keyless_record(chosen: dict, rows: list[dict], replay: dict) -> dict:
+    """What v3 chose and why, with the replay that decided whether v2's runs are reused, as results.json keeps it."""
+    return {
+        "rule": choose_keyless.__doc__,
+        "grpo_pass@1_floor": chosen["floor"],
+        "pooled_seed_std_pass@1": chosen["seed_std"],
+        "winners": {"keyless": chosen["keyless"].name, "scoped-embedding": chosen["embedding"].name},
+        "replay": replay,
+        "validation": [
+            {"config": r["config"].as_dict(), **r["metrics"], **{f"train_{k}": v for k, v in r["train"].items()}}
+            for r in rows
+        ],
+    }
+
+
+def same_samples(kept: Path, replayed: Path) -> dict:
+    """Whether a replayed run wrote exactly the kept run's evaluation samples (same responses, same rewards): the
+    check that the training code the kept runs ran is unchanged, on this machine's arithmetic."""
+    pairs = list(zip(read_jsonl(kept / "samples.jsonl"), read_jsonl(replayed / "samples.jsonl"), strict=True))
+    differing = sum(a != b for (_, a), (_, b) in pairs)
+    return {"kept": str(kept), "replayed": str(replayed), "samples": len(pairs), "differing": differing}
 
 
 def choices_record(chosen: dict, rows: list[dict]) -> dict:
@@ -190,17 +239,21 @@ def paired_interval(arm: list[dict], grpo: list[dict], key: str, rng: random.Ran
 def write(
     out: Path,
     plan,
-    validation: list[dict],
-    chosen: dict,
+    choices: dict,
     finalists: list[Config],
     seconds: float,
     figures: Path | None = None,
+    roots: dict[str, Path] | None = None,
+    version: str = "v2",
 ) -> dict:
-    """results.json, validation.md, test.md and the plots under out/report (copied to `figures` if given)."""
-    where = out / "report"
+    """results.json, validation.md, test.md and the plots under out/report (v2) or out/report-<version> (copied to
+    `figures` if given). choices: choices_record's or keyless_record's; roots: where each finalist's runs are (default
+    out). v2's tables keep the population std they were published with; later versions give the sample std."""
+    where = out / ("report" if version == "v2" else f"report-{version}")
     where.mkdir(parents=True, exist_ok=True)
+    ddof = 0 if version == "v2" else 1
     rng = random.Random(0)
-    test = {config.name: seeds_of(out, config, plan.test_seeds, "test") for config in finalists}
+    test = {c.name: seeds_of((roots or {}).get(c.name, out), c, plan.test_seeds, "test") for c in finalists}
     grpo = test[finalists[0].name]
     base = summarize(puzzles_of(out / "eval" / "base-test" / "samples.jsonl"))
     arms_out = {}
@@ -208,10 +261,10 @@ def write(
         runs = test[config.name]
         arms_out[config.name] = {
             "config": config.as_dict(),
-            "metrics": {key: mean_std([r[key] for r in runs]) for key in HEADLINE},
+            "metrics": {key: mean_std([r[key] for r in runs], ddof) for key in HEADLINE},
             "per_seed": {key: [r[key] for r in runs] for key in HEADLINE},
             "pcmd_support": [r["pcmd_support"] for r in runs],
-            "train": {key: mean_std([r["train"].get(key) for r in runs]) for key in TRAIN},
+            "train": {key: mean_std([r["train"].get(key) for r in runs], ddof) for key in TRAIN},
             "versus_grpo": {}
             if config.arm == "grpo"
             else {key: paired_interval(runs, grpo, key, rng) for key in HEADLINE},
@@ -223,7 +276,8 @@ def write(
         "validation_seeds": list(plan.validation_seeds),
         "base": {key: base[key] for key in [*HEADLINE, "pcmd_support", "curve"]},
         "arms": arms_out,
-        "choices": choices_record(chosen, validation),
+        "std": "population (ddof 0)" if ddof == 0 else "sample (ddof 1)",
+        "choices": choices,
     }
     (where / "results.json").write_text(json.dumps(results, indent=1))
     (where / "validation.md").write_text(validation_table(results) + "\n")
@@ -231,7 +285,7 @@ def write(
     for path in plot(results, where):
         if figures:
             figures.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, figures / f"countdown_v2_{path.name}")
+            shutil.copy(path, figures / f"countdown_{version}_{path.name}")
     return results
 
 

@@ -7,17 +7,26 @@ policy reaches the service and every metric is written; nothing about which meth
 import json
 import math
 
+import pytest
+
 from experiments.countdown_lm import job, keep
 from experiments.countdown_lm.__main__ import main
 from experiments.countdown_lm.arms import Config, phase_one
 from experiments.countdown_lm.plan import QUICK
-from experiments.countdown_lm.report import progress, puzzles_of
+from experiments.countdown_lm.report import progress, puzzles_of, same_samples
 
 HEADLINE = ["pass@1", "pass@8", "solutions", "pcmd", "share_2", "share_3"]
 
 
-def test_quick_experiment_runs_every_stage_and_writes_every_metric(server, tmp_path):
-    results = main(["--out", str(tmp_path), "--quick", "--setpo-url", server.url])
+@pytest.fixture(scope="module")
+def quick(server, tmp_path_factory):
+    """The quick form, once for this module: its results and its --out."""
+    out = tmp_path_factory.mktemp("countdown_lm")
+    return main(["--out", str(out), "--quick", "--setpo-url", server.url]), out
+
+
+def test_quick_experiment_runs_every_stage_and_writes_every_metric(quick):
+    results, tmp_path = quick
 
     choices = json.loads((tmp_path / "choices.json").read_text())
     tried = {row["config"]["name"] for row in choices["validation"]}
@@ -60,3 +69,36 @@ def test_quick_experiment_runs_every_stage_and_writes_every_metric(server, tmp_p
     assert table.startswith(f"{first} of {first} validation configs done")
     assert "\n| grpo | yes |" in table
     assert progress(elsewhere, QUICK).split("\n", 1)[1] == table.split("\n", 1)[1]  # the same, from what was kept
+
+
+def test_quick_experiment_v3_replays_a_kept_run_then_runs_the_keyless_forms(quick):
+    """v3 after v2: on one machine and one code the replay writes the kept run's samples exactly, so v2's runs are
+    reused (GRPO and the keyed form are not run again); the answer-span form trains with only the answer span sent;
+    report-v3 has the finalists (GRPO, the keyless winner, the scoped embedding form's, v2's keyed form), sample std."""
+    results, tmp_path = quick[0]["v3"], quick[1]
+    replay = results["choices"]["replay"]
+    assert replay["differing"] == 0 and replay["samples"] > 0
+    v3 = tmp_path / "v3" / "runs"
+    assert not (v3 / "grpo").exists() and (v3 / "scoped-hybrid-w0.15").exists()  # reused; only the replay ran
+    winners = results["choices"]["winners"]
+    assert winners["keyless"] in {"scoped-answer-span-w0.15", "scoped-embedding-w0.15"}
+    assert set(results["arms"]) == {"grpo", winners["keyless"], winners["scoped-embedding"], "scoped-hybrid-w0.15"}
+    assert results["std"] == "sample (ddof 1)"
+    tried = {row["config"]["name"] for row in results["choices"]["validation"]}
+    assert tried == {"grpo", "scoped-embedding-w0.15", "scoped-answer-span-w0.15"}
+    span_run = v3 / "scoped-answer-span-w0.15" / f"seed{QUICK.validation_seeds[0]}"
+    logged = json.loads((span_run / "log_history.json").read_text())
+    assert all("setpo/span_missing" in step for step in logged)  # the span was cut on every step
+    for name in ("results.json", "validation.md", "test.md", "pass_at_k.png", "solutions.png"):
+        assert (tmp_path / "report-v3" / name).stat().st_size > 0
+
+
+def test_same_samples_counts_the_replayed_samples_that_differ(tmp_path):
+    rows = [
+        {"problem_id": "p", "sample": i, "response": f"<answer> {i} + 1 </answer>", "reward": 0.1} for i in range(3)
+    ]
+    for name, changed in (("kept", rows), ("replayed", [*rows[:2], {**rows[2], "response": "other"}])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed))
+    assert same_samples(tmp_path / "kept", tmp_path / "replayed")["differing"] == 1
+    assert same_samples(tmp_path / "kept", tmp_path / "kept")["differing"] == 0
