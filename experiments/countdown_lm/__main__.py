@@ -104,8 +104,9 @@ def keyless(args: argparse.Namespace, plan: Plan, url: str, keyed: Config, start
     for shared in ("data", "base"):
         if not (root / shared).exists():
             (root / shared).symlink_to(Path("..") / shared)
-    print(f"\n== v3: replaying {keyed.name} seed {plan.replay_seed} with today's code", flush=True)
-    run_all(args, plan, url, [(keyed, plan.replay_seed, "validation")], root)
+    keyless_runs = [(c, s, "validation") for c in arms.keyless(plan) for s in plan.validation_seeds]
+    print(f"\n== v3: replaying {keyed.name} seed {plan.replay_seed} with today's code, beside the answer-span form")
+    run_all(args, plan, url, [(keyed, plan.replay_seed, "validation"), *keyless_runs], root)  # these need no replay
     replay = report.same_samples(
         job.run_dir(args.out, keyed, plan.replay_seed) / "eval-validation",
         job.run_dir(root, keyed, plan.replay_seed) / "eval-validation",
