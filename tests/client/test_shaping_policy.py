@@ -232,10 +232,12 @@ def test_embed_span_with_embedding_vectors_is_a_failed_step_not_a_silently_unuse
 
 
 class FakeService(BaseHTTPRequestHandler):
-    """/ready, /info of a given contract, and a /v1/diversity answer that drops the last group."""
+    """/ready, /info of a given contract, and a /v1/diversity answer that drops the last group, or, given `broken`
+    (field, value), answers every group whole with that field (a group's, or the top-level `weight`) set to value."""
 
     contract: str | None = "1.1"
     info: ClassVar[dict] = {}  # the real app's /info
+    broken: tuple[str, float] | None = None
 
     def do_GET(self):
         if self.path == "/ready":
@@ -255,15 +257,22 @@ class FakeService(BaseHTTPRequestHandler):
                 "saturation": 0.0,
                 "scored": len(g["texts"]),
                 "bonus": [0.0] * len(g["texts"]),
+                "advantages": [0.0] * len(g["texts"]),
             }
-            for g in body["groups"][:-1]
+            for g in (body["groups"] if self.broken else body["groups"][:-1])
         ]
-        self.reply(
-            {"model": "m", "groups": groups, "usage": {"texts": 0, "unique_texts": 0, "tokens": 0, "truncated": 0}}
-        )
+        usage = {"texts": 0, "unique_texts": 0, "tokens": 0, "truncated": 0}
+        answer = {"model": "m", "groups": groups, "usage": usage, "weight": body.get("weight")}
+        if self.broken is not None:
+            field, value = self.broken
+            for group in [] if field == "weight" else groups:
+                group[field] = [value] * len(group[field]) if isinstance(group[field], list) else value
+            if field == "weight":
+                answer["weight"] = value
+        self.reply(answer)
 
     def reply(self, payload):
-        data = json.dumps(payload).encode()
+        data = json.dumps(payload).encode()  # NaN and Infinity as Python writes them: what a careless server sends
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
@@ -278,8 +287,8 @@ class FakeService(BaseHTTPRequestHandler):
 def fake(inprocess):
     info = inprocess.info().model_dump()
 
-    def serve(contract):
-        handler = type("Handler", (FakeService,), {"contract": contract, "info": info})
+    def serve(contract, broken=None):
+        handler = type("Handler", (FakeService,), {"contract": contract, "info": info, "broken": broken})
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -303,3 +312,25 @@ def test_an_answer_with_fewer_groups_than_sent_is_a_failed_step_not_a_silent_tru
     assert step.marginals is None and shaper.fallback_steps == 1 and step.metrics["setpo/weight"] == 0
     with pytest.raises(SetpoError, match="off the contract"):
         SetpoShaper(client, weight=0.1, on_error="fail").score([["a", "b", "c"], ["d", "e", "f"]])
+
+
+ANSWERED = ["bonus", "marginals", "local_mass", "set_score", "saturation", "advantages", "weight"]
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("field", ANSWERED)
+def test_a_non_finite_number_in_the_answer_is_an_off_contract_step_under_skip_and_one_error_under_fail(
+    fake, field, value, caplog
+):
+    """A service (or proxy) answering NaN or Infinity in any number the shaper reads: under skip the step trains
+    with lambda = 0, counted and logged; under fail one SetpoError naming the field. Never a crash in the metrics."""
+    client = fake("1.1", (field, value))
+    groups, rewards = [["a", "b", "c", "d"]], [[1.0, 0.0, 1.0, 1.0]]
+    shaper = SetpoShaper(client, weight=0.1)
+    step = shaper.score(groups, rewards=rewards, advantages=[[0.25, -0.75, 0.25, 0.25]])
+    assert step.bonus == [[0.0] * 4] and step.marginals is None and shaper.fallback_steps == 1
+    assert step.metrics["setpo/weight"] == 0 and step.metrics["setpo/fallback_steps"] == 1
+    assert all(math.isfinite(v) for v in step.metrics.values())
+    assert f"not a finite number in the answer's {field}" in caplog.text
+    with pytest.raises(SetpoError, match=f"off the contract: not a finite number in the answer's {field}"):
+        SetpoShaper(client, weight=0.1, on_error="fail").score(groups, rewards=rewards)

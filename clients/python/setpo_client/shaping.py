@@ -27,7 +27,8 @@ The degrade policy, for every integration:
 - texts are cut to the service's max_text_chars (and max_chars), by UTF-8 bytes where a group must fit the
   body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes need;
 - on_error="skip": ANY failure (unreachable, 5xx, 4xx such as a 401 after the key was rotated, an answer off
-  the contract, a key function that raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
+  the contract: a group missing, a NaN or Infinity in any number read (answer_problem); a key function that
+  raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
   and logged at error level with the service's message; on_error="fail": it stops training with that message.
 """
 
@@ -43,7 +44,7 @@ from typing import Literal
 from setpo_client.client import SetpoClient, json_body
 from setpo_client.errors import SetpoError
 from setpo_client.policy import check_form, check_span, check_steerable
-from setpo_client.types import GroupResult, Info, Kernel, Limits, Normalize
+from setpo_client.types import DiversityResponse, GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client")
@@ -274,12 +275,9 @@ class SetpoShaper:
             )
             counts["requests"] += 1
             sent = [len(next(iter(payload.values()))) for _, payload in batch]  # every field: one entry a member
-            answers = [(len(group.marginals), len(group.bonus or [])) for group in result.groups]
-            if answers != [(size, size) for size in sent]:  # never zip an answer that does not fit what was sent
-                raise SetpoError(
-                    f"answer off the contract: sent {len(sent)} groups of sizes {sent}, got (marginals, bonus) "
-                    f"lengths {answers}"
-                )
+            problem = answer_problem(result, sent)
+            if problem is not None:  # never zip an answer that does not fit what was sent, nor train on NaN
+                raise SetpoError(f"answer off the contract: {problem}")
             answered += [(index, group) for (index, _), group in zip(batch, result.groups)]
         return answered
 
@@ -444,6 +442,23 @@ def cut_to_json_bytes(text: str, budget: int) -> str:
     while len(json_body(text)) > budget:  # escapes (quotes, backslashes, control characters) take more
         text = text[: len(text) - max(1, (len(json_body(text)) - budget) // 6)]
     return text
+
+
+def answer_problem(result: DiversityResponse, sent: list[int]) -> str | None:
+    """Why an answer to groups of these sizes cannot be applied, or None: the checks of every number the shaper
+    reads from it, in one place. Each group must answer every member it was sent (marginals and bonus), and every
+    number must be finite (a NaN bonus would reach the loss; a NaN marginal or set score the step's metrics)."""
+    answers = [(len(group.marginals), len(group.bonus or [])) for group in result.groups]
+    if answers != [(size, size) for size in sent]:
+        return f"sent {len(sent)} groups of sizes {sent}, got (marginals, bonus) lengths {answers}"
+    numbers = {"weight": [result.weight or 0.0]}
+    for field in ("bonus", "marginals", "local_mass", "advantages", "set_score", "saturation"):
+        values = [getattr(group, field) for group in result.groups]
+        numbers[field] = [x for v in values if v is not None for x in (v if isinstance(v, list) else [v])]
+    for field, values in numbers.items():
+        if not all(math.isfinite(x) for x in values):
+            return f"not a finite number in the answer's {field} ({next(x for x in values if not math.isfinite(x))})"
+    return None
 
 
 def rms(values: Sequence[float]) -> float:
