@@ -21,12 +21,25 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
+# One arithmetic on every x86 CPU: torch, MKL and oneDNN pick kernels by the CPU's instructions, and on an AVX-512
+# CPU the same seed pretrains another base model than on an AVX2-only one (every validation sample differs), so
+# runs kept from sittings on different machines would not be comparable. As an AVX2-only CPU computes, set before
+# torch loads and inherited by the runs and the service (docs/experiments.md, "One arithmetic").
+ARITHMETIC = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "DNNL_MAX_CPU_ISA": "AVX2",  # oneDNN's older name for the same
+}
+for _name, _value in ARITHMETIC.items():
+    os.environ.setdefault(_name, _value)
 
-from experiments.countdown_lm import arms, corpus, job, puzzles, report
-from experiments.countdown_lm.arms import Config
-from experiments.countdown_lm.plan import FULL, QUICK, Plan
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from experiments.countdown_lm import arms, corpus, job, puzzles, report  # noqa: E402
+from experiments.countdown_lm.arms import Config  # noqa: E402
+from experiments.countdown_lm.plan import FULL, QUICK, Plan  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -145,7 +158,8 @@ def keyless(args: argparse.Namespace, plan: Plan, url: str, keyed: Config, start
 def local_service():
     from setpo_server.local import LocalServer
 
-    return LocalServer(threads=1)
+    # float32 named: `auto` picks bfloat16 on a CPU with native bfloat16, and the kept runs' embedder ran float32
+    return LocalServer(threads=1, dtype="float32")
 
 
 def evaluate_base(out: Path, plan: Plan, split: str) -> None:

@@ -184,10 +184,12 @@ def keyless_record(chosen: dict, rows: list[dict], replay: dict) -> dict:
 
 
 def same_samples(kept: Path, replayed: Path) -> dict:
-    """Whether a replayed run wrote exactly the kept run's evaluation samples (same responses, same rewards): the
-    check that the training code the kept runs ran is unchanged, on this machine's arithmetic."""
+    """Whether a replayed run wrote exactly the kept run's evaluation samples (each sample's response, reward and
+    correctness; fields a later setpo-eval added are not compared): the check that the training code the kept runs
+    ran is unchanged, on this machine's arithmetic."""
     pairs = list(zip(read_jsonl(kept / "samples.jsonl"), read_jsonl(replayed / "samples.jsonl"), strict=True))
-    differing = sum(a != b for (_, a), (_, b) in pairs)
+    fields = ("problem_id", "sample", "response", "reward", "correct")
+    differing = sum([a[f] for f in fields] != [b[f] for f in fields] for (_, a), (_, b) in pairs)
     return {"kept": str(kept), "replayed": str(replayed), "samples": len(pairs), "differing": differing}
 
 

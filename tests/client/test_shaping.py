@@ -114,10 +114,14 @@ def test_a_step_is_fitted_within_the_services_limits_and_every_group_scored(tigh
     assert step.metrics["setpo/active"] == 1
 
 
-def test_a_group_over_the_services_size_gets_zero_and_is_counted(tight_service):
+def test_a_group_over_the_services_size_gets_zero_and_is_counted_and_said_with_both_numbers(tight_service, caplog):
+    """A group can outgrow what start() checked (veRL's multi-output agent loops under rloo: rollout.n x outputs
+    rows, known only at run time): it goes unscored, and the log says how big it was and what the service takes."""
     client = tight_service.client(api_key=KEY, max_retries=0)
     step = SetpoShaper(client, weight=1.0, on_error="fail").score([[f"answer {j}" for j in range(6)], ["a", "b", "c"]])
     assert step.bonus[0] == [0.0] * 6 and step.marginals[1] is not None and step.metrics["setpo/unscored_groups"] == 1
+    assert "1 group(s) of 6 members; the service takes at most 5" in caplog.text
+    assert "SETPO_MAX_GROUP_SIZE" in caplog.text
 
 
 def test_start_proves_what_every_plug_in_needs_and_names_the_setting_as_the_plug_in_spells_it(tight_service):

@@ -95,10 +95,24 @@ def test_quick_experiment_v3_replays_a_kept_run_then_runs_the_keyless_forms(quic
 
 def test_same_samples_counts_the_replayed_samples_that_differ(tmp_path):
     rows = [
-        {"problem_id": "p", "sample": i, "response": f"<answer> {i} + 1 </answer>", "reward": 0.1} for i in range(3)
+        {"problem_id": "p", "sample": i, "response": f"<answer> {i} + 1 </answer>", "reward": 0.1, "correct": False}
+        for i in range(3)
     ]
-    for name, changed in (("kept", rows), ("replayed", [*rows[:2], {**rows[2], "response": "other"}])):
+    newer = [{**row, "temperature": 1.0} for row in rows]  # a later setpo-eval writes more fields: not a difference
+    for name, changed in (("kept", rows), ("replayed", [*newer[:2], {**newer[2], "response": "other"}])):
         (tmp_path / name).mkdir()
         (tmp_path / name / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed))
     assert same_samples(tmp_path / "kept", tmp_path / "replayed")["differing"] == 1
     assert same_samples(tmp_path / "kept", tmp_path / "kept")["differing"] == 0
+
+
+def test_every_run_and_the_service_compute_as_an_avx2_cpu_in_float32():
+    """The experiment pins one arithmetic for its runs (inherited by each run's process and the service) and names
+    the service's dtype: kept runs from machines with other instructions stay comparable (docs/experiments.md)."""
+    import os
+
+    from experiments.countdown_lm.__main__ import ARITHMETIC, local_service
+
+    assert all(os.environ[name] == value for name, value in ARITHMETIC.items())
+    server = local_service()
+    assert server.env["SETPO_DTYPE"] == "float32" and server.env["ATEN_CPU_CAPABILITY"] == "avx2"

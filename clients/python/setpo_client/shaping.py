@@ -376,6 +376,16 @@ def fit_step(
     chars = text_chars(info, max_chars)
     envelope_size = len(json_body(envelope))
     fitted, unscored, cut = [], 0, 0
+    max_rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+    oversized = [size for _, _, size in payloads if size > max_rows]
+    if oversized:  # start() checked the configured group size; a group can still outgrow it (multi-output loops)
+        log.warning(
+            "SetPO: %d group(s) of %s members; the service takes at most %d: their bonus is 0. Raise "
+            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS) on the service, or make the groups smaller",
+            len(oversized),
+            ", ".join(map(str, sorted(set(oversized)))),
+            max_rows,
+        )
     for index, payload, size in payloads:
         group = fit_group(payload, size, limits, chars, limits.max_body_bytes - envelope_size)
         if group is None:

@@ -232,6 +232,27 @@ def test_a_full_diversity_policy_composes_from_the_command_line_and_is_logged_at
     assert "min_reward=1.0 key=setpo_client.keys:countdown_expression kernel=hybrid normalize=zscore" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.agent.default_agent_loop=my_loop"], True),
+        (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.agent.agent_loop_config_path=loops.yaml"], True),
+        (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.agent.default_agent_loop=my_loop"], False),
+        (["algorithm.adv_estimator=rloo"], False),  # veRL's own loops: one output a session
+    ],
+)
+def test_a_custom_agent_loop_under_a_per_output_estimator_is_warned_with_both_numbers(
+    server, caplog, overrides, warned
+):
+    """Under rloo and the other per-output estimators a group holds rollout.n x the outputs of a session, which
+    veRL's config does not give: start() can prove only rollout.n, so the start says what else can happen."""
+    config = verl_config(*overrides, *setpo(server.url))
+    with caplog.at_level(logging.INFO, logger="setpo_client.verl"):
+        check_start(config, get_trainer_cls("sync"))
+    said = "a group holds actor_rollout_ref.rollout.n=3 x the outputs a session returns; the service takes at most"
+    assert (said in caplog.text) == warned
+
+
 def test_embed_span_composes_from_the_command_line_through_hydras_grammar(server, caplog):
     span = "+algorithm.setpo.embed_span='<answer>(.*?)</answer>'"  # quoted: Hydra's grammar has ( ) and ?
     config = verl_config(*setpo(server.url, "+algorithm.setpo.min_reward=1.0", span))

@@ -184,6 +184,22 @@ def check_start(config, trainer_class) -> None:
         info.limits.max_body_bytes,
     )
     log.info("SetPO diversity policy: %s", " ".join(f"{name}={settings.get(name)}" for name in POLICY_SETTINGS))
+    agent = config.actor_rollout_ref.rollout.get("agent") or {}
+    built_in = agent.get("default_agent_loop", "single_turn_agent") in ("single_turn_agent", "tool_agent")
+    if estimator != "grpo" and (agent.get("agent_loop_config_path") or not built_in):
+        # veRL's own loops give one output a session; a user's may give several, each a member under every
+        # estimator but grpo, and veRL's config does not say how many: only the run can (shaping logs any group
+        # the service cannot take, with its size)
+        log.warning(
+            "SetPO: with a custom agent loop and %s=%s a group holds %s=%d x the outputs a session returns; the "
+            "service takes at most %d members a group. Groups above that get no bonus (logged each step): raise "
+            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS) if your loop returns several outputs",
+            spell("estimator"),
+            estimator,
+            spell("group_size"),
+            n,
+            min(info.limits.max_group_size, info.limits.max_request_rows or info.limits.max_group_size),
+        )
 
 
 def check_trainer(trainer_class) -> None:
