@@ -26,8 +26,7 @@ CONTROLLER_SETTINGS = ("min_weight", "max_weight", "weight_ema", "warmup_steps",
 def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = str) -> dict[str, Any]:
     """SetpoShaper's policy arguments (min_reward, key, kernel, normalize, embed_span, controller) from settings named
     weight, min_reward, key (a key function or its name), kernel, normalize, embed_span, target_ratio and
-    CONTROLLER_SETTINGS; absent
-    or None: the paper's form and WeightController's defaults. A value SetpoShaper or WeightController would not
+    CONTROLLER_SETTINGS; absent or None: the paper's form and WeightController's defaults. A value SetpoShaper or WeightController would not
     take is refused (ValueError), and so is one that would be silently unused: a key the kernel ignores, a
     controller knob without target_ratio, a controller asked to steer a lambda of 0."""
     kernel, key, min_reward = settings.get("kernel") or "embedding", settings.get("key"), settings.get("min_reward")

@@ -127,7 +127,7 @@ class SetpoShaper:
             )
         info = self.check(ready_timeout)
         limits = info.limits
-        largest = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+        largest = largest_group(limits)
         if group_size > largest:  # such a group would never be scored
             raise SetpoError(
                 f"groups of {group_size} responses; the service at {self.client.base_url} takes at most {largest}. "
@@ -376,7 +376,7 @@ def fit_step(
     chars = text_chars(info, max_chars)
     envelope_size = len(json_body(envelope))
     fitted, unscored, cut = [], 0, 0
-    max_rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+    max_rows = largest_group(limits)
     oversized = [size for _, _, size in payloads if size > max_rows]
     if oversized:  # start() checked the configured group size; a group can still outgrow it (multi-output loops)
         log.warning(
@@ -397,6 +397,11 @@ def fit_step(
     return pack(fitted, limits, envelope_size), unscored, cut
 
 
+def largest_group(limits: Limits) -> int:
+    """The most members a group may have for the service to score it: its group size and request rows limits."""
+    return min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+
+
 def text_chars(info: Info, max_chars: int | None = None) -> int:
     """Characters of a text the plug-ins send: what the server keeps (/info's truncate_chars; 8 a model token from
     a server too old to say), or the caller's max_chars, within the service's max_text_chars."""
@@ -407,7 +412,7 @@ def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int)
     """(payload fitted, members, its JSON bytes), or None when the group cannot be sent whole: too few or too many
     members, a key too long (cutting a key would change which solution it names), embeddings over the budget (the
     most one group's JSON may take), or texts whose share of it is too short to be any use."""
-    max_rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+    max_rows = largest_group(limits)
     keys = payload.get("keys") or []
     if not MIN_GROUP <= size <= max_rows or any(key is not None and len(key) > limits.max_text_chars for key in keys):
         return None

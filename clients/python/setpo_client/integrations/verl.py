@@ -60,7 +60,7 @@ from packaging.specifiers import SpecifierSet
 
 from setpo_client.client import SetpoClient
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
-from setpo_client.shaping import SetpoShaper
+from setpo_client.shaping import SetpoShaper, largest_group
 
 log = logging.getLogger("setpo_client.verl")
 # veRL versions whose advantage steps this plug-in was tested against: the `verl` extra's range (tests/integrations/verl
@@ -198,7 +198,7 @@ def check_start(config, trainer_class) -> None:
             estimator,
             spell("group_size"),
             n,
-            min(info.limits.max_group_size, info.limits.max_request_rows or info.limits.max_group_size),
+            largest_group(info.limits),
         )
 
 
