@@ -121,14 +121,11 @@ def choose(rows: list[dict]) -> dict:
     def eligible(row: dict) -> bool:
         return row["metrics"]["pass@1"][0] >= floor
 
-    def best(candidates: list[dict]) -> dict:
-        return best_of(candidates, floor)
-
     by_arm: dict[str, list[dict]] = {}
     for row in rows:
         by_arm.setdefault(row["config"].arm, []).append(row)
-    winners = {arm: best(candidates) for arm, candidates in by_arm.items()}
-    scoped = best([w for arm, w in winners.items() if arm.startswith("scoped-")])
+    winners = {arm: best_of(candidates, floor) for arm, candidates in by_arm.items()}
+    scoped = best_of([w for arm, w in winners.items() if arm.startswith("scoped-")], floor)
     controlled = [w for arm, w in winners.items() if arm == f"controller-{scoped['config'].kernel}"]
     return {
         "floor": floor,
@@ -138,7 +135,7 @@ def choose(rows: list[dict]) -> dict:
         "paper": winners["paper"]["config"],
         "unlikeliness": winners["unlikeliness"]["config"],
         "best_scoped": scoped["config"],
-        "best_scoped_form": best([scoped, *controlled])["config"],
+        "best_scoped_form": best_of([scoped, *controlled], floor)["config"],
     }
 
 
