@@ -380,7 +380,7 @@ def test_the_countdown_recipe_keeps_the_papers_form_one_setting_away(tiny_model,
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert PAPER_FORM in run.stdout
     run = run_recipe("countdown_grpo.sh", {**env, "SETPO_TARGET_RATIO": "0.4"}, "--setpo.check_only")
-    assert "kernel=hybrid normalize=zscore target_ratio=0.4 " in run.stdout  # a variable still wins
+    assert "kernel=hybrid normalize=zscore embed_span=None target_ratio=0.4 " in run.stdout  # a variable still wins
     run = run_recipe("countdown_grpo.sh", {**env, "SETPO_FORM": "scoped"})
     assert run.returncode == 2 and "SETPO_FORM must be recommended or paper, got 'scoped'" in run.stderr
 
