@@ -318,8 +318,10 @@ def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, serve
     run = run_recipe(recipe, env, "--setpo.check_only")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "the arguments check out" in run.stdout and f"at {server.url}" in run.stdout
-    # the paper's form unless the environment asks for more; Countdown has a solution key: experiment v2's form
-    assert (RECOMMENDED_COUNTDOWN if recipe == "countdown_grpo.sh" else PAPER_FORM) in run.stdout
+    # the paper's form unless the environment asks for more; Countdown has a solution key: experiment v2's form;
+    # GRPO on GSM8K has none: experiment v3's keyless form
+    recommended = {"countdown_grpo.sh": RECOMMENDED_COUNTDOWN, "grpo_gsm8k.sh": RECOMMENDED_KEYLESS}
+    assert recommended.get(recipe, PAPER_FORM) in run.stdout
 
     run = run_recipe(recipe, {**env, "SETPO_URL": None})
     assert run.returncode == 2 and f"{recipe[:-3]}: set SETPO_URL" in run.stderr
@@ -332,6 +334,10 @@ PAPER_FORM = (
 RECOMMENDED_COUNTDOWN = (
     "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore embed_span=None "
     "target_ratio=0.5 min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
+)
+RECOMMENDED_KEYLESS = (
+    "setpo-train: diversity policy: min_reward=1.0 key=None kernel=embedding normalize=zscore embed_span=None "
+    "target_ratio=0.7 min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
 )
 SCOPED_FORM = {
     "SETPO_MIN_REWARD": "1.0",
@@ -362,6 +368,7 @@ def test_recipes_take_the_diversity_policy_from_the_environment(recipe, tiny_mod
 def test_an_empty_variable_passes_no_flag_and_an_argument_wins(tiny_model, server, tmp_path):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     policy = {"SETPO_KERNEL": "", "SETPO_NORMALIZE": "zscore"}  # an empty kernel would be an invalid choice
+    policy |= {"SETPO_FORM": "paper"}
     run = run_recipe("grpo_gsm8k.sh", {**env, **policy}, "--setpo.normalize", "none", "--setpo.check_only")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert PAPER_FORM in run.stdout
@@ -371,6 +378,14 @@ def test_a_recipes_diversity_policy_is_checked_like_its_flags(tiny_model, server
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_KERNEL": "hybrid"})
     assert run.returncode == 2 and "--setpo.kernel=hybrid compares solution keys: give --setpo.key" in run.stderr
+
+
+def test_the_gsm8k_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path):
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_FORM": "paper"}, "--setpo.check_only")
+    assert run.returncode == 0 and PAPER_FORM in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_FORM": "keyed"})
+    assert run.returncode == 2 and "SETPO_FORM must be recommended or paper, got 'keyed'" in run.stderr
 
 
 def test_the_countdown_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path):

@@ -8,7 +8,7 @@
 #   WANDB_API_KEY          log to Weights & Biases too            (optional; read from the environment only)
 #   SETPO_API_KEY          the service's key                      (optional; read from the environment only)
 # The diversity policy, each variable one --setpo.* flag (optional; unset or empty: the flag is not passed and
-# the recipe's form holds: the paper's, except countdown_grpo.sh's, SETPO_FORM). docs/diversity.md says how to choose:
+# the recipe's form holds: the paper's, except countdown_grpo.sh's and grpo_gsm8k.sh's, SETPO_FORM). docs/diversity.md:
 #   SETPO_MIN_REWARD    --setpo.min_reward     score only responses with this reward or more (1.0: correct)
 #   SETPO_KEY           --setpo.key            solution key function: countdown_expression or package.module:function
 #   SETPO_KERNEL        --setpo.kernel         embedding | hybrid | key
