@@ -26,7 +26,8 @@ def finished(out: Path) -> list[Path]:
 
 
 def pack(plain: Path, packed: Path) -> None:
-    with plain.open("rb") as source, gzip.open(packed, "wb", 9) as target:
+    # mtime 0: the same samples pack to the same bytes, so saving a kept run again changes nothing in git
+    with plain.open("rb") as source, packed.open("wb") as raw, gzip.GzipFile("", "wb", 9, raw, mtime=0) as target:
         shutil.copyfileobj(source, target)
 
 

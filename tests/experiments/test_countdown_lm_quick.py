@@ -116,3 +116,19 @@ def test_every_run_and_the_service_compute_as_an_avx2_cpu_in_float32():
     assert all(os.environ[name] == value for name, value in ARITHMETIC.items())
     server = local_service()
     assert server.env["SETPO_DTYPE"] == "float32" and server.env["ATEN_CPU_CAPABILITY"] == "avx2"
+
+
+def test_a_run_packed_twice_is_the_same_bytes(tmp_path):
+    """experiment-keep saves every finished run again each sitting: unchanged samples must not change in git."""
+    import time
+
+    from experiments.countdown_lm.keep import pack, unpack
+
+    plain = tmp_path / "samples.jsonl"
+    plain.write_text('{"response": "<answer> 1 + 2 </answer>"}\n' * 50)
+    pack(plain, tmp_path / "first.gz")
+    time.sleep(1.1)  # gzip's header keeps a time in seconds
+    pack(plain, tmp_path / "second.gz")
+    assert (tmp_path / "first.gz").read_bytes() == (tmp_path / "second.gz").read_bytes()
+    unpack(tmp_path / "second.gz", tmp_path / "back.jsonl")
+    assert (tmp_path / "back.jsonl").read_text() == plain.read_text()
