@@ -21,7 +21,6 @@ import gzip
 import json
 import random
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,19 +88,18 @@ def cluster_ids(cos: np.ndarray, threshold: float, method: str) -> np.ndarray:
 
 def kernels(g: dict, t_sharp: float, t_cluster: float, tau: float) -> dict[str, np.ndarray]:
     """Every candidate's (G, G) kernel for one group, values in [0, 1]; reference rows (task keys) last."""
-    cached = g.get("kernels")
-    if cached is not None and cached[0] == (t_sharp, t_cluster, tau):
-        return cached[1]
     cos = g["cos_whole"]
     same_cluster = cluster_ids(cos, t_cluster, "average")
     clustered = (same_cluster[:, None] == same_cluster[None, :]).astype(float)
     answers = ["".join(views(t)["answer"].split()) for t in g["texts"]]
     truth_ids = torch.tensor([[sorted(set(g["truth"])).index(k) for k in g["truth"]]])
-    result = {
+    return {
         "embedding, whole response": cos,
         "embedding, answer span": g["cos_answer"],
         "embedding, reasoning (answer span removed)": g["cos_reasoning"],
         f"sharpened: 1 where cos >= {t_sharp:g}, else cos": np.where(cos >= t_sharp, 1.0, cos),
+        # a temperature sharpens without ties: the same ranks (AUC) as cos, a steeper kernel
+        f"temperature: exp(-(1 - cos) / {tau:g})": np.exp(-(1 - cos) / tau),
         f"cluster keys (average linkage at {t_cluster:g}), key kernel": clustered,
         f"cluster keys (average linkage at {t_cluster:g}), hybrid": np.maximum(cos, clustered),
         "token-set Jaccard, whole response": jaccard(g["texts"]),
@@ -115,21 +113,14 @@ def kernels(g: dict, t_sharp: float, t_cluster: float, tau: float) -> dict[str, 
         .numpy(),
         "reference (task key): ModeBench identity, key kernel": key_kernel(truth_ids)[0].double().numpy(),
     }
-    result = {  # a temperature sharpens without ties: same ranks (AUC) as cos, a steeper kernel
-        **dict(list(result.items())[:4]),
-        f"temperature: exp(-(1 - cos) / {tau:g})": np.exp(-(1 - cos) / tau),
-        **dict(list(result.items())[4:]),
-    }
-    g["kernels"] = ((t_sharp, t_cluster, tau), result)
-    return result
 
 
-def pairs(groups: list[dict], kernel_of: Callable[[dict], np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(similarity, same solution, puzzle index) of every pair of two different texts in a group."""
+def pairs(groups: list[dict], matrices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(similarity, same solution, puzzle index) of every pair of two different texts in a group; matrices: each
+    group's kernel, in order."""
     sims, same, where = [], [], []
     puzzles = {p: i for i, p in enumerate(sorted({g["puzzle"] for g in groups}))}
-    for g in groups:
-        k = kernel_of(g)
+    for g, k in zip(groups, matrices, strict=True):
         for i in range(len(g["texts"])):
             for j in range(i + 1, len(g["texts"])):
                 if g["texts"][i] != g["texts"][j]:
@@ -139,13 +130,13 @@ def pairs(groups: list[dict], kernel_of: Callable[[dict], np.ndarray]) -> tuple[
     return np.array(sims), np.array(same), np.array(where)
 
 
-def youden(sims: np.ndarray, same: np.ndarray) -> tuple[float, float]:
-    """The threshold (of THRESHOLDS) that best splits identical from different: max TPR + TNR - 1."""
+def youden(sims: np.ndarray, same: np.ndarray, thresholds=THRESHOLDS) -> tuple[float, float]:
+    """The threshold (of `thresholds`) that best splits identical from different, and its J = TPR + TNR - 1."""
     scores = [
-        (same & (sims >= t)).sum() / same.sum() + (~same & (sims < t)).sum() / (~same).sum() - 1 for t in THRESHOLDS
+        (same & (sims >= t)).sum() / same.sum() + (~same & (sims < t)).sum() / (~same).sum() - 1 for t in thresholds
     ]
     best = int(np.argmax(scores))
-    return float(THRESHOLDS[best]), float(scores[best])
+    return float(thresholds[best]), float(scores[best])
 
 
 def bootstrap_auc(sims: np.ndarray, same: np.ndarray, where: np.ndarray, rounds: int = 500) -> tuple[float, float]:
@@ -160,14 +151,14 @@ def bootstrap_auc(sims: np.ndarray, same: np.ndarray, where: np.ndarray, rounds:
     return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
 
 
-def alignment(groups: list[dict], kernel_of: Callable[[dict], np.ndarray]) -> float:
+def alignment(groups: list[dict], matrices: list[np.ndarray]) -> float:
     """Mean scoped z-scored marginal of members whose solution is alone in their group minus that of members that
-    share it, over groups with >= 3 correct members and both kinds."""
+    share it, over groups with >= 3 correct members and both kinds; matrices: each group's kernel, in order."""
     alone, shared = [], []
-    for g in groups:
+    for g, matrix in zip(groups, matrices, strict=True):
         if len(g["texts"]) < 3 or len(set(g["truth"])) in (1, len(g["truth"])):
             continue
-        kernel = torch.from_numpy(kernel_of(g)).float()[None]
+        kernel = torch.from_numpy(matrix).float()[None]
         scored = torch.ones(1, len(g["texts"]), dtype=torch.bool)
         z = standardized(scoped_marginals(kernel, scored), scored)[0].tolist()
         for key, value in zip(g["truth"], z):
@@ -176,10 +167,11 @@ def alignment(groups: list[dict], kernel_of: Callable[[dict], np.ndarray]) -> fl
 
 
 def table(groups: list[dict], t_sharp: float, t_cluster: float, tau: float) -> list[dict]:
+    every = [kernels(g, t_sharp, t_cluster, tau) for g in groups]  # each group's candidates, computed once
     rows = []
-    for name in kernels(groups[0], t_sharp, t_cluster, tau):
-        kernel_of = lambda g, name=name: kernels(g, t_sharp, t_cluster, tau)[name]  # noqa: E731
-        sims, same, where = pairs(groups, kernel_of)
+    for name in every[0]:
+        matrices = [candidates[name] for candidates in every]
+        sims, same, where = pairs(groups, matrices)
         identical = sims >= SATURATION_THRESHOLD
         low, high = bootstrap_auc(sims, same, where)
         rows.append(
@@ -189,7 +181,7 @@ def table(groups: list[dict], t_sharp: float, t_cluster: float, tau: float) -> l
                 "auc_95": [low, high],
                 "same_scored_identical": float((identical & same).sum() / same.sum()),
                 "different_scored_different": float((~identical & ~same).sum() / (~same).sum()),
-                "alignment_z": alignment(groups, kernel_of),
+                "alignment_z": alignment(groups, matrices),
             }
         )
     return rows
@@ -244,21 +236,17 @@ def main() -> None:
     ]
     embed_all(choose, model)
     embed_all(report, model)
-    sims, same, _ = pairs(choose, lambda g: g["cos_whole"])
-    t_sharp, j_sharp = youden(sims, same)
-    # the cluster cut: the same rule, on the pairs' same-cluster call at each candidate threshold
+    cosines = [g["cos_whole"] for g in choose]
+    t_sharp, j_sharp = youden(*pairs(choose, cosines)[:2])
+    # the cluster cut: the same rule, on the pairs' same-cluster call (1 or 0) at each candidate threshold
     j_cluster = {}
     for t in THRESHOLDS:
-        s, y, _ = pairs(
-            choose,
-            lambda g, t=t: (lambda ids: (ids[:, None] == ids[None, :]).astype(float))(
-                cluster_ids(g["cos_whole"], t, "average")
-            ),
-        )
-        j_cluster[float(t)] = (y & (s >= 0.5)).sum() / y.sum() + (~y & (s < 0.5)).sum() / (~y).sum() - 1
+        ids = [cluster_ids(cos, t, "average") for cos in cosines]
+        same_cluster = [(i[:, None] == i[None, :]).astype(float) for i in ids]
+        j_cluster[float(t)] = youden(*pairs(choose, same_cluster)[:2], thresholds=(0.5,))[1]
     t_cluster = max(j_cluster, key=j_cluster.get)
     # the temperature has no identical/different call of its own: the one that best aligns the marginals
-    by_tau = {tau: alignment(choose, lambda g, tau=tau: np.exp(-(1 - g["cos_whole"]) / tau)) for tau in TAUS}
+    by_tau = {tau: alignment(choose, [np.exp(-(1 - cos) / tau) for cos in cosines]) for tau in TAUS}
     tau = max(by_tau, key=by_tau.get)
     result = {
         "chosen_on": "base model, validation samples",

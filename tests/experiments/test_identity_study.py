@@ -21,7 +21,7 @@ def test_views_split_a_response_into_its_answer_span_and_its_reasoning():
 def test_pairs_leave_out_exact_copies_and_label_respellings_as_the_same_solution():
     g = group(["(3+5)*2", "2*(5+3)", "2*8", "2*8"], np.eye(4))
     g["texts"][3] = g["texts"][2]  # an exact copy
-    sims, same, _ = identity.pairs([g], lambda g: np.full((4, 4), 0.5))
+    sims, same, _ = identity.pairs([g], [np.full((4, 4), 0.5)])
     assert len(sims) == 5  # 6 pairs less the copy
     assert same.tolist() == [True, False, False, False, False]  # only the respelling is the same solution
 
@@ -29,8 +29,8 @@ def test_pairs_leave_out_exact_copies_and_label_respellings_as_the_same_solution
 def test_alignment_favours_the_solution_alone_in_its_group_under_the_key_and_not_under_a_blind_kernel():
     g = group(["(3+5)*2", "2*(5+3)", "(5+3)*2", "2*8"], np.eye(4))  # three spellings of one solution, one other
     truth = (np.array(g["truth"])[:, None] == np.array(g["truth"])[None, :]).astype(float)
-    assert identity.alignment([g], lambda g: truth) > 1.0  # the lone solution's z well above the shared ones'
-    assert identity.alignment([g], lambda g: np.full((4, 4), 0.5)) == pytest.approx(0.0)  # all alike: no signal
+    assert identity.alignment([g], [truth]) > 1.0  # the lone solution's z well above the shared ones'
+    assert identity.alignment([g], [np.full((4, 4), 0.5)]) == pytest.approx(0.0)  # all alike: no signal
 
 
 def test_youden_finds_the_threshold_that_separates():
