@@ -10,8 +10,9 @@ import pytest
 from setpo_client import SetpoClient
 from setpo_server.local import LocalServer
 
-# The suites compare served numbers with float32 references; SETPO_DTYPE=auto may choose bfloat16 on a CPU with AMX
-# (tests/server/test_precision.py tests auto). In-process services (tests/inprocess.py) take float32 unless named.
+# The suites compare served numbers with float32 references; SETPO_DTYPE=auto may choose bfloat16 on a CPU with
+# native bfloat16, AMX or AVX512-BF16 (tests/server/test_precision.py tests auto in process, the container test of
+# make test-deploy in the image). In-process services (tests/inprocess.py) take float32 unless named.
 # A LocalServer drops this process's SETPO_* variables by design: the session server below, and every other that is
 # compared with a float32 reference, names float32 itself. The variable is for what runs in this process.
 os.environ.setdefault("SETPO_DTYPE", "float32")

@@ -28,7 +28,7 @@ def test_backoff_grows_exponentially_with_jitter_capped_and_honours_retry_after(
 
 def test_client_rides_out_a_server_restart():
     port = free_port()
-    first = LocalServer(port=port).start()
+    first = LocalServer(port=port, dtype="float32").start()
     with SetpoClient(first.url) as client:
         before = client.diversity([GROUP]).groups[0].marginals
     first.stop()
@@ -43,7 +43,9 @@ def test_client_rides_out_a_server_restart():
     caller.start()
     time.sleep(1.5)  # the caller is now retrying against a closed port
     assert caller.is_alive()
-    second = LocalServer(port=port).start(wait=False)  # answers 503 + Retry-After while it loads, then 200
+    second = LocalServer(port=port, dtype="float32").start(
+        wait=False
+    )  # answers 503 + Retry-After while it loads, then 200
     try:
         caller.join(timeout=120)
         assert outcome["marginals"] == pytest.approx(before, abs=1e-6)

@@ -9,20 +9,29 @@ An answer is trusted no further than its size and its time: one larger than `max
 being read (its Content-Length) or as soon as it grows past it, and every attempt must have its whole answer within
 the read timeout, however slowly the bytes trickle in. A caller with a budget for the whole call, retries and their
 waits included (SetpoShaper: one step), passes `deadline` (time.monotonic() seconds).
+
+Several replicas: `SetpoClient("http://a:8000,http://b:8000")` (or SETPO_URL so spelled, as OpenRLHF spells
+--reward.remote_url). Each request goes to the replica with the fewest requests in flight; a replica that cannot be
+reached, or answers 503, is left out until it answers /ready again (asked at most every RECHECK_S seconds); a failed
+attempt moves to a replica not yet tried in this call at once, and only a round in which every replica failed waits
+its backoff (max_retries counts such rounds). /info is the strictest of the replicas that answer.
 """
 
 import asyncio
 import json
+import math
 import os
 import random
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 import httpx
 from pydantic import BaseModel
 
-from setpo_client.errors import SetpoAPIError, SetpoConnectionError, SetpoTimeoutError
+from setpo_client.errors import SetpoAPIError, SetpoConnectionError, SetpoError, SetpoTimeoutError
 from setpo_client.types import (
     DiversityRequest,
     DiversityResponse,
@@ -32,6 +41,7 @@ from setpo_client.types import (
     Group,
     Info,
     Kernel,
+    Limits,
     ModelList,
     Normalize,
 )
@@ -43,6 +53,40 @@ T = TypeVar("T", bound=BaseModel)
 JSON_HEADERS = {"content-type": "application/json"}
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+RECHECK_S = 1.0  # a replica left out is asked /ready again at most this often
+PROBE_TIMEOUT_S = 2.0  # ... and must answer within this: /ready never waits behind data work
+
+
+def replica_urls(spelled: str) -> list[str]:
+    """The base URLs in `spelled`: one, or several separated by commas."""
+    urls = [url.strip().rstrip("/") for url in spelled.split(",") if url.strip()]
+    if not urls or len(set(urls)) < len(urls):
+        raise ValueError(
+            f"setpo service URL(s) {spelled!r}: give one base URL or several distinct ones, comma-separated"
+        )
+    return urls
+
+
+def strictest(infos: list[Info]) -> Info:
+    """One Info for several replicas: each limit the smallest any of them states, the lowest contract; refused when
+    they serve different models (a step's chunks would be scored in different spaces)."""
+    served = {(info.model, info.dimension) for info in infos}
+    if len(served) > 1:
+        raise SetpoError(f"the replicas serve different models: {sorted(served)}; point the client at one deployment")
+    limits = {}
+    for name in Limits.model_fields:
+        values = [getattr(info.limits, name) for info in infos if getattr(info.limits, name) is not None]
+        limits[name] = min(values) if values else None
+    contracts = [tuple(int(part) for part in (info.contract or "1.0").split(".")[:2]) for info in infos]
+    lowest = infos[contracts.index(min(contracts))]
+    chars = [info.truncate_chars for info in infos if info.truncate_chars is not None]
+    return lowest.model_copy(
+        update={
+            "limits": Limits(**limits),
+            "max_tokens": min(info.max_tokens for info in infos),
+            "truncate_chars": min(chars) if chars else None,
+        }
+    )
 
 
 def backoff_delay(attempt: int, backoff: float, max_backoff: float, retry_after: str | None = None) -> float:
@@ -107,6 +151,27 @@ def diversity_payload(
     return payload
 
 
+def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
+    """Why an answer cannot be applied to the groups sent, or None: every group answered, each member of it in
+    `marginals` (and in `bonus`, which a v1.1 request must get), and every number finite (a NaN bonus would reach a
+    trainer's loss, a NaN marginal or set score its metrics)."""
+    sizes = [max(len(field) for field in group.values()) for group in payload["groups"]]
+    v11 = any(name in payload for name in ("min_reward", "kernel", "normalize")) or any(
+        "keys" in group for group in payload["groups"]
+    )
+    answers = [(len(group.marginals), None if group.bonus is None else len(group.bonus)) for group in result.groups]
+    if [m for m, _ in answers] != sizes or (v11 and [b for _, b in answers] != sizes):
+        return f"sent {len(sizes)} groups of sizes {sizes}, got (marginals, bonus) lengths {answers}"
+    numbers = {"weight": [result.weight or 0.0]}
+    for field in ("bonus", "marginals", "local_mass", "advantages", "set_score", "saturation"):
+        values = [getattr(group, field) for group in result.groups]
+        numbers[field] = [x for v in values if v is not None for x in (v if isinstance(v, list) else [v])]
+    for field, values in numbers.items():
+        if not all(math.isfinite(x) for x in values):
+            return f"not a finite number in the answer's {field} ({next(x for x in values if not math.isfinite(x))})"
+    return None
+
+
 def embeddings_payload(input: str | Sequence[str], encoding_format: str, dimensions: int | None) -> dict:
     text = input if isinstance(input, str) else list(input)
     request = EmbeddingsRequest(input=text, encoding_format=encoding_format, dimensions=dimensions)
@@ -114,7 +179,8 @@ def embeddings_payload(input: str | Sequence[str], encoding_format: str, dimensi
 
 
 class _ClientConfig:
-    """What both clients share: where the server is, how to authenticate, and how hard to retry."""
+    """What both clients share: where the replicas are and which are left out, how to authenticate, how hard to
+    retry, and which replica an attempt goes to."""
 
     def __init__(
         self,
@@ -126,11 +192,58 @@ class _ClientConfig:
         max_backoff: float,
         max_response_bytes: int,
     ):
-        self.base_url = (base_url or os.environ.get("SETPO_URL") or DEFAULT_URL).rstrip("/")
+        self.urls = replica_urls(base_url or os.environ.get("SETPO_URL") or DEFAULT_URL)
+        self.base_url = ",".join(self.urls)
         api_key = api_key if api_key is not None else os.environ.get("SETPO_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
         self.max_response_bytes = max_response_bytes
+        self.lock = threading.Lock()  # a shaper's threads share one client
+        self.in_flight = dict.fromkeys(self.urls, 0)
+        self.sent = dict.fromkeys(self.urls, 0)
+        self.left_out: dict[str, float] = {}  # replica -> when its /ready is next asked
+
+    def pick(self, tried: Collection[str], avoid: Collection[str] = (), only: str | None = None) -> str:
+        """The replica for the next attempt: one not tried in this call, not left out, with the fewest requests in
+        flight, then the fewest sent. `avoid`: replicas the caller saw fail (unless nothing else is left)."""
+        pool = [only] if only else [url for url in self.urls if url not in avoid] or self.urls
+        with self.lock:
+            url = min(pool, key=lambda u: (u in tried, u in self.left_out, self.in_flight[u], self.sent[u]))
+            self.sent[url] += 1
+        return url
+
+    @contextmanager
+    def busy(self, url: str) -> Iterator[None]:
+        with self.lock:
+            self.in_flight[url] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight[url] -= 1
+
+    def leave_out(self, url: str) -> None:
+        if len(self.urls) > 1:  # one replica is asked again by the retries themselves
+            with self.lock:
+                self.left_out.setdefault(url, time.monotonic() + RECHECK_S)
+
+    def due(self) -> list[str]:
+        """Replicas left out whose /ready is due now; each is handed to one caller until its next RECHECK_S."""
+        now = time.monotonic()
+        with self.lock:
+            due = [url for url, at in self.left_out.items() if at <= now]
+            for url in due:
+                self.left_out[url] = now + RECHECK_S
+        return due
+
+    def readiness(self, url: str, status: int | None) -> bool:
+        """Records what /ready said (None: no answer): a replica is taken back when it answers 200."""
+        if status == 200:
+            with self.lock:
+                self.left_out.pop(url, None)
+            return True
+        self.leave_out(url)
+        return False
 
     def attempt_limits(self, deadline: float | None) -> tuple[float | None, httpx.Timeout]:
         """When this attempt must have its whole answer (the read timeout from now, or the caller's deadline if
@@ -164,7 +277,7 @@ class _ClientConfig:
         """Whether a retry after `delay` seconds still fits the caller's deadline."""
         return deadline is None or time.monotonic() + delay < deadline
 
-    def give_up(self, failure: httpx.Response | Exception | None, attempts: int) -> Exception:
+    def give_up(self, failure: httpx.Response | Exception | None, attempts: int) -> SetpoError:
         if isinstance(failure, httpx.Response):
             return api_error(failure)
         return SetpoConnectionError(
@@ -172,11 +285,29 @@ class _ClientConfig:
         )
 
 
+def at_fault(error: SetpoError, replica: str) -> SetpoError:
+    error.replica = replica
+    return error
+
+
+def checked(response: httpx.Response, payload: dict, replica: str) -> DiversityResponse:
+    """The diversity answer, parsed and checked against what was sent; a failure names the replica that gave it."""
+    try:
+        result = parsed(DiversityResponse, response)
+        problem = answer_problem(result, payload)
+        if problem is not None:  # never zip an answer that does not fit what was sent onto it, nor train on NaN
+            raise SetpoAPIError(response.status_code, f"answer off the contract: {problem}")
+    except SetpoError as exc:
+        raise at_fault(exc, replica) from None
+    return result
+
+
 class SetpoClient(_ClientConfig):
     """Blocking client. `SetpoClient(url, api_key=..., timeout=...)`; use as a context manager or call close().
+    Thread-safe: a step's requests may be in flight from several threads.
 
     url defaults to the SETPO_URL environment variable (else http://127.0.0.1:8000), api_key to SETPO_API_KEY, as in
-    every plug-in and the docs.
+    every plug-in and the docs; several replicas are several URLs, comma-separated.
     """
 
     def __init__(
@@ -192,12 +323,18 @@ class SetpoClient(_ClientConfig):
         transport: httpx.BaseTransport | None = None,
     ):
         super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff, max_response_bytes)
-        self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
+        self._http = {
+            url: httpx.Client(base_url=url, headers=self.headers, timeout=timeout, transport=transport)
+            for url in self.urls
+        }
 
-    def _attempt(self, method: str, path: str, body: bytes | None, deadline: float | None) -> httpx.Response:
+    def _attempt(self, url: str, method: str, path: str, body: bytes | None, deadline: float | None) -> httpx.Response:
         end, timeout = self.attempt_limits(deadline)
         headers = JSON_HEADERS if body is not None else None
-        with self._http.stream(method, path, content=body, headers=headers, timeout=timeout) as response:
+        with (
+            self.busy(url),
+            self._http[url].stream(method, path, content=body, headers=headers, timeout=timeout) as response,
+        ):
             self.check_answer(response, 0, end)
             content = bytearray()
             for chunk in response.iter_bytes():
@@ -206,34 +343,62 @@ class SetpoClient(_ClientConfig):
         return whole(response, bytes(content))
 
     def _request(
-        self, method: str, path: str, payload: dict | None = None, deadline: float | None = None
-    ) -> httpx.Response:
+        self,
+        method: str,
+        path: str,
+        payload: dict | None = None,
+        deadline: float | None = None,
+        avoid: Collection[str] = (),
+        only: str | None = None,
+        rounds: int | None = None,
+    ) -> tuple[str, httpx.Response]:
+        """(the replica that answered, its answer). `rounds`: retry rounds allowed (default max_retries)."""
         body = json_body(payload) if payload is not None else None
+        rounds = self.max_retries if rounds is None else rounds
         retry_after: str | None = None
         failure: httpx.Response | Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after)
-                if not self.before_retry(delay, deadline):
-                    attempt -= 1  # not made: the deadline comes first
+        tried: list[str] = []
+        attempts = retries = 0
+        while True:
+            for due in self.due():
+                self.probe(due)
+            url = self.pick(tried, avoid, only)
+            if url in tried:  # every replica this call may use failed in this round: the next waits its backoff
+                delay = backoff_delay(retries, self.backoff, self.max_backoff, retry_after)
+                if retries == rounds or not self.before_retry(delay, deadline):
                     break
                 time.sleep(delay)
-                retry_after = None
+                retries, retry_after, tried = retries + 1, None, []
+            tried.append(url)
+            attempts += 1
             try:
-                response = self._attempt(method, path, body, deadline)
+                response = self._attempt(url, method, path, body, deadline)
             except RETRY_ERRORS as exc:
+                self.leave_out(url)
                 failure = exc
                 continue
             except httpx.TimeoutException as exc:
-                raise SetpoTimeoutError(
-                    f"{method} {path}: no answer within the client timeout ({self.timeout})"
-                ) from exc
+                timeout = SetpoTimeoutError(
+                    f"{method} {path} at {url}: no answer within the client timeout ({self.timeout})"
+                )
+                raise at_fault(timeout, url) from exc
+            except SetpoError as exc:  # the answer was too large or too late
+                raise at_fault(exc, url) from None
             if response.status_code not in RETRY_STATUSES:
                 if not response.is_success:  # a redirect too: this client never follows one
-                    raise api_error(response)
-                return response
+                    raise at_fault(api_error(response), url)
+                return url, response
+            if response.status_code == 503:  # not ready, or shedding load: ask the others meanwhile
+                self.leave_out(url)
             failure, retry_after = response, response.headers.get("retry-after")
-        raise self.give_up(failure, attempt + 1)
+        raise at_fault(self.give_up(failure, attempts), url)
+
+    def probe(self, url: str, timeout: float | httpx.Timeout = PROBE_TIMEOUT_S) -> bool:
+        try:
+            status: int | None = self._http[url].get("/ready", timeout=timeout).status_code
+        except httpx.TransportError:
+            status = None
+        return self.readiness(url, status)
 
     def diversity(
         self,
@@ -244,32 +409,48 @@ class SetpoClient(_ClientConfig):
         kernel: Kernel | None = None,
         normalize: Normalize | None = None,
         deadline: float | None = None,
+        avoid: Collection[str] = (),
     ) -> DiversityResponse:
         """Marginals, local masses, set scores (and shaped advantages for groups with rewards). Contract v1.1:
         `min_reward` scores only members with reward >= it, `kernel` 'embedding' | 'hybrid' | 'key' (groups give
-        `keys`), `normalize` 'none' | 'zscore'; the answer then also has each group's `scored` and `bonus`."""
+        `keys`), `normalize` 'none' | 'zscore'; the answer then also has each group's `scored` and `bonus`.
+        An answer that does not fit the groups sent (a group or member missing, a number not finite) is a
+        SetpoAPIError. `avoid`: replicas not to ask unless no other is left."""
         payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
-        return parsed(DiversityResponse, self._request("POST", "/v1/diversity", payload, deadline))
+        url, response = self._request("POST", "/v1/diversity", payload, deadline, avoid)
+        return checked(response, payload, url)
 
     def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
     ) -> EmbeddingsResponse:
-        response = self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
+        _, response = self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
         return parsed(EmbeddingsResponse, response)
 
     def info(self, deadline: float | None = None) -> Info:
-        return parsed(Info, self._request("GET", "/info", deadline=deadline))
+        """The service's model and limits; of several replicas, the strictest of those that answer (each asked
+        once: one that does not answer is left out, not waited for)."""
+        if len(self.urls) == 1:
+            return parsed(Info, self._request("GET", "/info", deadline=deadline)[1])
+        infos, failure = [], None
+        for url in [url for url in self.urls if url not in self.left_out] or self.urls:
+            try:
+                infos.append(parsed(Info, self._request("GET", "/info", deadline=deadline, only=url, rounds=0)[1]))
+            except SetpoError as exc:
+                failure = exc
+        if not infos:
+            assert failure is not None
+            raise failure
+        return strictest(infos)
 
     def models(self) -> ModelList:
         """The served model, as OpenAI's model list (one entry)."""
-        return parsed(ModelList, self._request("GET", "/v1/models"))
+        return parsed(ModelList, self._request("GET", "/v1/models")[1])
 
     def ready(self) -> bool:
-        """True when the model is loaded and warmed up. A server that cannot be reached is not ready."""
-        try:
-            return self._http.get("/ready").status_code == 200
-        except httpx.TransportError:
-            return False
+        """True when the model is loaded and warmed up (of several replicas: any). One that cannot be reached is
+        not ready, and is left out until it is."""
+        answers = [self.probe(url, self.timeout) for url in self.urls]  # every replica asked, each recorded
+        return any(answers)
 
     def wait_until_ready(self, timeout: float = 120.0, poll: float = 0.2) -> None:
         deadline = time.monotonic() + timeout
@@ -279,7 +460,8 @@ class SetpoClient(_ClientConfig):
             time.sleep(poll)
 
     def close(self) -> None:
-        self._http.close()
+        for http in self._http.values():
+            http.close()
 
     def __enter__(self) -> "SetpoClient":
         return self
@@ -304,50 +486,82 @@ class AsyncSetpoClient(_ClientConfig):
         transport: httpx.AsyncBaseTransport | None = None,
     ):
         super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff, max_response_bytes)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport
-        )
+        self._http = {
+            url: httpx.AsyncClient(base_url=url, headers=self.headers, timeout=timeout, transport=transport)
+            for url in self.urls
+        }
 
-    async def _attempt(self, method: str, path: str, body: bytes | None, deadline: float | None) -> httpx.Response:
+    async def _attempt(
+        self, url: str, method: str, path: str, body: bytes | None, deadline: float | None
+    ) -> httpx.Response:
         end, timeout = self.attempt_limits(deadline)
         headers = JSON_HEADERS if body is not None else None
-        async with self._http.stream(method, path, content=body, headers=headers, timeout=timeout) as response:
-            self.check_answer(response, 0, end)
-            content = bytearray()
-            async for chunk in response.aiter_bytes():
-                content += chunk
-                self.check_answer(response, len(content), end)
+        with self.busy(url):
+            async with self._http[url].stream(method, path, content=body, headers=headers, timeout=timeout) as response:
+                self.check_answer(response, 0, end)
+                content = bytearray()
+                async for chunk in response.aiter_bytes():
+                    content += chunk
+                    self.check_answer(response, len(content), end)
         return whole(response, bytes(content))
 
     async def _request(
-        self, method: str, path: str, payload: dict | None = None, deadline: float | None = None
-    ) -> httpx.Response:
+        self,
+        method: str,
+        path: str,
+        payload: dict | None = None,
+        deadline: float | None = None,
+        avoid: Collection[str] = (),
+        only: str | None = None,
+        rounds: int | None = None,
+    ) -> tuple[str, httpx.Response]:
+        """SetpoClient._request, awaited."""
         body = json_body(payload) if payload is not None else None
+        rounds = self.max_retries if rounds is None else rounds
         retry_after: str | None = None
         failure: httpx.Response | Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = backoff_delay(attempt - 1, self.backoff, self.max_backoff, retry_after)
-                if not self.before_retry(delay, deadline):
-                    attempt -= 1  # not made: the deadline comes first
+        tried: list[str] = []
+        attempts = retries = 0
+        while True:
+            for due in self.due():
+                await self.probe(due)
+            url = self.pick(tried, avoid, only)
+            if url in tried:  # every replica this call may use failed in this round: the next waits its backoff
+                delay = backoff_delay(retries, self.backoff, self.max_backoff, retry_after)
+                if retries == rounds or not self.before_retry(delay, deadline):
                     break
                 await asyncio.sleep(delay)
-                retry_after = None
+                retries, retry_after, tried = retries + 1, None, []
+            tried.append(url)
+            attempts += 1
             try:
-                response = await self._attempt(method, path, body, deadline)
+                response = await self._attempt(url, method, path, body, deadline)
             except RETRY_ERRORS as exc:
+                self.leave_out(url)
                 failure = exc
                 continue
             except httpx.TimeoutException as exc:
-                raise SetpoTimeoutError(
-                    f"{method} {path}: no answer within the client timeout ({self.timeout})"
-                ) from exc
+                timeout = SetpoTimeoutError(
+                    f"{method} {path} at {url}: no answer within the client timeout ({self.timeout})"
+                )
+                raise at_fault(timeout, url) from exc
+            except SetpoError as exc:  # the answer was too large or too late
+                raise at_fault(exc, url) from None
             if response.status_code not in RETRY_STATUSES:
                 if not response.is_success:  # a redirect too: this client never follows one
-                    raise api_error(response)
-                return response
+                    raise at_fault(api_error(response), url)
+                return url, response
+            if response.status_code == 503:  # not ready, or shedding load: ask the others meanwhile
+                self.leave_out(url)
             failure, retry_after = response, response.headers.get("retry-after")
-        raise self.give_up(failure, attempt + 1)
+        raise at_fault(self.give_up(failure, attempts), url)
+
+    async def probe(self, url: str, timeout: float | httpx.Timeout = PROBE_TIMEOUT_S) -> bool:
+        try:
+            status: int | None = (await self._http[url].get("/ready", timeout=timeout)).status_code
+        except httpx.TransportError:
+            status = None
+        return self.readiness(url, status)
 
     async def diversity(
         self,
@@ -358,27 +572,39 @@ class AsyncSetpoClient(_ClientConfig):
         kernel: Kernel | None = None,
         normalize: Normalize | None = None,
         deadline: float | None = None,
+        avoid: Collection[str] = (),
     ) -> DiversityResponse:
         payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
-        return parsed(DiversityResponse, await self._request("POST", "/v1/diversity", payload, deadline))
+        url, response = await self._request("POST", "/v1/diversity", payload, deadline, avoid)
+        return checked(response, payload, url)
 
     async def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
     ) -> EmbeddingsResponse:
-        response = await self._request("POST", "/v1/embeddings", embeddings_payload(input, encoding_format, dimensions))
-        return parsed(EmbeddingsResponse, response)
+        payload = embeddings_payload(input, encoding_format, dimensions)
+        return parsed(EmbeddingsResponse, (await self._request("POST", "/v1/embeddings", payload))[1])
 
     async def info(self, deadline: float | None = None) -> Info:
-        return parsed(Info, await self._request("GET", "/info", deadline=deadline))
+        if len(self.urls) == 1:
+            return parsed(Info, (await self._request("GET", "/info", deadline=deadline))[1])
+        infos, failure = [], None
+        for url in [url for url in self.urls if url not in self.left_out] or self.urls:
+            try:
+                answer = await self._request("GET", "/info", deadline=deadline, only=url, rounds=0)
+                infos.append(parsed(Info, answer[1]))
+            except SetpoError as exc:
+                failure = exc
+        if not infos:
+            assert failure is not None
+            raise failure
+        return strictest(infos)
 
     async def models(self) -> ModelList:
-        return parsed(ModelList, await self._request("GET", "/v1/models"))
+        return parsed(ModelList, (await self._request("GET", "/v1/models"))[1])
 
     async def ready(self) -> bool:
-        try:
-            return (await self._http.get("/ready")).status_code == 200
-        except httpx.TransportError:
-            return False
+        answers = [await self.probe(url, self.timeout) for url in self.urls]
+        return any(answers)
 
     async def wait_until_ready(self, timeout: float = 120.0, poll: float = 0.2) -> None:
         deadline = time.monotonic() + timeout
@@ -388,7 +614,8 @@ class AsyncSetpoClient(_ClientConfig):
             await asyncio.sleep(poll)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        for http in self._http.values():
+            await http.aclose()
 
     async def __aenter__(self) -> "AsyncSetpoClient":
         return self

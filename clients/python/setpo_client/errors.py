@@ -2,7 +2,10 @@
 
 
 class SetpoError(Exception):
-    """Base class: catch this to handle any failure of a setpo call."""
+    """Base class: catch this to handle any failure of a setpo call. `replica`: the base URL of the replica at
+    fault when one is (an error answer, an answer off the contract), so a caller can ask another."""
+
+    replica: str | None = None
 
 
 class SetpoAPIError(SetpoError):

@@ -25,10 +25,14 @@ The degrade policy, for every integration:
   max_request_rows), gets bonus 0 and is counted (setpo/unscored_groups); one with fewer than 3 members reaching
   min_reward gets 0 without a request (setpo/small_scope_groups); the rest of the step is shaped;
 - texts are cut to the service's max_text_chars (and max_chars), by UTF-8 bytes where a group must fit the
-  body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes need;
+  body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes need,
+  and into at least `in_flight` chunks of about equal bytes (a proxy for tokens: texts are cut to what the service
+  keeps), which are in flight at once over the client's replicas; answers are put back by group index;
+- a chunk that fails at one replica (unreachable, an error answer, an answer off the contract) is asked of
+  another before the step falls back (setpo/chunk_retries); the step keeps one deadline for all of it;
 - on_error="skip": ANY failure (unreachable, 5xx, 4xx such as a 401 after the key was rotated, an answer off
-  the contract: a group missing, a NaN or Infinity in any number read (answer_problem); a key function that
-  raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
+  the contract: a group missing, a NaN or Infinity in any number read (client.answer_problem); a key function
+  that raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
   and logged at error level with the service's message; on_error="fail": it stops training with that message.
 """
 
@@ -37,6 +41,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from statistics import fmean, pstdev
 from typing import Literal
@@ -51,6 +56,9 @@ log = logging.getLogger("setpo_client")
 
 OnError = Literal["skip", "fail"]
 MIN_GROUP = 3  # leave-one-out marginals need pairs left after removing one member
+# Requests in flight per replica by default: a second one to the same process gains nothing, on a GPU or on CPU
+# cores its one model already uses (docs/benchmarks.md, sections 16 and 17).
+IN_FLIGHT_PER_REPLICA = 1
 
 
 @dataclass
@@ -64,7 +72,8 @@ class SetpoShaper:
     """Scores one training step's groups under the diversity policy, the service's limits (learned from /info)
     and the degrade policy above. max_chars caps each text further (its beginning is kept, as the server keeps
     the beginning when it truncates tokens); by default texts are cut to what the service keeps (text_chars),
-    which it would cut to anyway."""
+    which it would cut to anyway. in_flight: requests in flight at once (default: IN_FLIGHT_PER_REPLICA for each of
+    the client's replicas, within what /info's max_concurrent_requests admits); 1 sends a step's requests in turn."""
 
     def __init__(
         self,
@@ -80,6 +89,7 @@ class SetpoShaper:
         controller: WeightController | None = None,
         step_timeout: float | None = None,
         embed_span: str | None = None,
+        in_flight: int | None = None,
     ):
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"weight (lambda) must be a finite number >= 0, got {weight}")
@@ -87,13 +97,15 @@ class SetpoShaper:
             raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
         check_form(kernel, normalize, min_reward)
         check_span(embed_span, kernel)
+        if in_flight is not None and in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1 (requests in flight at once), got {in_flight}")
         if controller is not None:
             check_steerable(weight)
             controller.start(weight)
             weight = controller.weight
         self.client, self.weight, self.on_error, self.max_chars = client, weight, on_error, max_chars
         self.min_reward, self.key, self.kernel, self.normalize = min_reward, key, kernel, normalize
-        self.controller = controller
+        self.controller, self.in_flight = controller, in_flight
         self.embed_span = None if embed_span is None else re.compile(embed_span, re.DOTALL)
         # one budget for a step's requests, retries and waits included (default: the client's timeout)
         timeout = client.timeout if isinstance(client.timeout, int | float) else client.timeout.read
@@ -182,6 +194,7 @@ class SetpoShaper:
         weight = self.weight
         scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
         counts = {"unscored": 0, "small_scope": 0, "bad": 0, "cut": 0, "requests": 0, "span_missing": 0}
+        counts["retries"] = 0
         answered: list[tuple[int, GroupResult]] = []  # (group index, the service's answer) for every group sent
         failed = False
         if weight > 0 and groups:
@@ -193,10 +206,14 @@ class SetpoShaper:
                 envelope = {"groups": [], "weight": weight, "kernel": self.kernel, "normalize": self.normalize}
                 if self.min_reward is not None:
                     envelope["min_reward"] = self.min_reward
-                batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits
-                    payloads, self.info, envelope, self.max_chars
+                in_flight = self.in_flight or IN_FLIGHT_PER_REPLICA * len(self.client.urls)
+                in_flight = min(
+                    in_flight, (self.info.limits.max_concurrent_requests or in_flight) * len(self.client.urls)
                 )
-                answered = self.send(batches, weight, counts, deadline)  # 3. the service's answers
+                batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
+                    payloads, self.info, envelope, self.max_chars, in_flight
+                )
+                answered = self.send(batches, weight, counts, deadline, in_flight)  # 3. the service's answers
             except Exception as exc:
                 self.fall_back(exc)  # 4. the fault policy: stop, or this step with lambda = 0
                 failed = True
@@ -260,26 +277,57 @@ class SetpoShaper:
         return payloads
 
     def send(
-        self, batches: list[list[tuple[int, dict]]], weight: float, counts: dict[str, int], deadline: float | None
+        self,
+        batches: list[list[tuple[int, dict]]],
+        weight: float,
+        counts: dict[str, int],
+        deadline: float | None,
+        in_flight: int,
     ) -> list[tuple[int, GroupResult]]:
-        """One request a batch, within the step's deadline; (group index, the service's answer) for every group."""
-        answered = []
-        for batch in batches:
-            result = self.client.diversity(
-                [payload for _, payload in batch],
-                weight=weight,
-                min_reward=self.min_reward,
-                kernel=self.kernel,
-                normalize=self.normalize,
-                deadline=deadline,
-            )
-            counts["requests"] += 1
-            sent = [len(next(iter(payload.values()))) for _, payload in batch]  # every field: one entry a member
-            problem = answer_problem(result, sent)
-            if problem is not None:  # never zip an answer that does not fit what was sent, nor train on NaN
-                raise SetpoError(f"answer off the contract: {problem}")
-            answered += [(index, group) for (index, _), group in zip(batch, result.groups)]
-        return answered
+        """The chunks, `in_flight` at a time, within the step's deadline; (group index, the service's answer) for
+        every group, in the chunks' order whatever order the answers came in. The threads end with the step: a
+        failure cancels the chunks not yet sent and waits for those in flight (each bounded by the deadline)."""
+
+        def ask(batch: list[tuple[int, dict]]) -> tuple[DiversityResponse, int]:
+            groups, avoid = [payload for _, payload in batch], list[str]()
+            while True:
+                try:
+                    return self.client.diversity(
+                        groups,
+                        weight=weight,
+                        min_reward=self.min_reward,
+                        kernel=self.kernel,
+                        normalize=self.normalize,
+                        deadline=deadline,
+                        avoid=avoid,
+                    ), len(avoid)
+                except SetpoError as exc:  # another replica may answer it: ask it while the step has time
+                    others = [url for url in self.client.urls if url not in avoid and url != exc.replica]
+                    if exc.replica is None or not others or (deadline is not None and time.monotonic() >= deadline):
+                        raise
+                    log.warning(
+                        "SetPO: a chunk of %d groups failed at %s (%s); asking another replica",
+                        len(batch),
+                        exc.replica,
+                        exc,
+                    )
+                    avoid.append(exc.replica)
+
+        with ThreadPoolExecutor(min(in_flight, len(batches)) or 1, thread_name_prefix="setpo-chunk") as pool:
+            futures = [pool.submit(ask, batch) for batch in batches]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            failed = [future for future in futures if future.done() and future.exception() is not None]
+            if failed:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise failed[0].exception()  # type: ignore[misc]
+            answers = [future.result() for future in futures]
+        counts["requests"] += len(answers)
+        counts["retries"] += sum(retries for _, retries in answers)
+        return [
+            (index, group)
+            for batch, (result, _) in zip(batches, answers)
+            for (index, _), group in zip(batch, result.groups)
+        ]
 
     def span_of(self, text: object, counts: dict[str, int]) -> object:
         """What of a text is embedded under embed_span: its last match's group (or the whole match); the text whole
@@ -342,6 +390,7 @@ class SetpoShaper:
             "setpo/scored_share": sum(result.scored or 0 for _, result in scored) / max(1, len(members)),
             "setpo/cut_texts": float(counts["cut"]),
             "setpo/requests": float(counts["requests"]),
+            "setpo/chunk_retries": float(counts["retries"]),
             "setpo/bonus_rms": rms([bonus[index][row] for index, row in members]),
         }
         if self.embed_span is not None:  # texts sent whole for want of a match: a format the pattern does not fit
@@ -367,11 +416,11 @@ class SetpoShaper:
 
 
 def fit_step(
-    payloads: list[tuple[int, dict, int]], info: Info, envelope: dict, max_chars: int | None
+    payloads: list[tuple[int, dict, int]], info: Info, envelope: dict, max_chars: int | None, chunks: int = 1
 ) -> tuple[list[list[tuple[int, dict]]], int, int]:
-    """The step as requests the service accepts: payloads are (group index, group payload, members); returns
-    ([[(group index, group payload), ...] per request], groups left unscored, texts cut). Sizes are measured with
-    the client's own encoder, so they are the real body sizes."""
+    """The step as requests the service accepts, at least `chunks` of them where there are groups enough: payloads
+    are (group index, group payload, members); returns ([[(group index, group payload), ...] per request], groups
+    left unscored, texts cut). Sizes are measured with the client's own encoder, so they are the real body sizes."""
     limits = info.limits
     chars = text_chars(info, max_chars)
     envelope_size = len(json_body(envelope))
@@ -394,7 +443,7 @@ def fit_step(
         fitted.append((index, *group))
         if "texts" in payload:
             cut += sum(len(a) < len(b) for a, b in zip(group[0]["texts"], payload["texts"]))
-    return pack(fitted, limits, envelope_size), unscored, cut
+    return pack(fitted, limits, envelope_size, chunks), unscored, cut
 
 
 def largest_group(limits: Limits) -> int:
@@ -427,23 +476,30 @@ def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int)
     return (payload, size, body_size) if body_size <= budget else None
 
 
-def pack(fitted: list[tuple[int, dict, int, int]], limits: Limits, envelope_size: int) -> list[list[tuple[int, dict]]]:
-    """Fitted groups (index, payload, members, JSON bytes) into as few requests as max_groups, max_request_rows
-    and max_body_bytes allow, in order."""
+def pack(
+    fitted: list[tuple[int, dict, int, int]], limits: Limits, envelope_size: int, chunks: int = 1
+) -> list[list[tuple[int, dict]]]:
+    """Fitted groups (index, payload, members, JSON bytes) into requests, in order: `chunks` parts of about equal
+    bytes (a group goes to the part its middle byte falls in; never split), each cut further into as few requests
+    as max_groups, max_request_rows and max_body_bytes allow."""
+    total = max(1, sum(body_size for *_, body_size in fitted))
     batches: list[list[tuple[int, dict]]] = []
     batch: list[tuple[int, dict]] = []
-    rows_in, bytes_in = 0, envelope_size
+    rows_in, bytes_in, done, batch_part = 0, envelope_size, 0, 0
     for index, payload, row_count, body_size in fitted:
+        part = min(chunks - 1, (2 * done + body_size) * chunks // (2 * total))
+        done += body_size
         comma = 1 if batch else 0
         if batch and (
-            len(batch) + 1 > limits.max_groups
+            part != batch_part
+            or len(batch) + 1 > limits.max_groups
             or (limits.max_request_rows and rows_in + row_count > limits.max_request_rows)
             or bytes_in + comma + body_size > limits.max_body_bytes
         ):
             batches.append(batch)
             batch, rows_in, bytes_in, comma = [], 0, envelope_size, 0
         batch.append((index, payload))
-        rows_in, bytes_in = rows_in + row_count, bytes_in + comma + body_size
+        rows_in, bytes_in, batch_part = rows_in + row_count, bytes_in + comma + body_size, part
     if batch:
         batches.append(batch)
     return batches
@@ -457,23 +513,6 @@ def cut_to_json_bytes(text: str, budget: int) -> str:
     while len(json_body(text)) > budget:  # escapes (quotes, backslashes, control characters) take more
         text = text[: len(text) - max(1, (len(json_body(text)) - budget) // 6)]
     return text
-
-
-def answer_problem(result: DiversityResponse, sent: list[int]) -> str | None:
-    """Why an answer to groups of these sizes cannot be applied, or None: the checks of every number the shaper
-    reads from it, in one place. Each group must answer every member it was sent (marginals and bonus), and every
-    number must be finite (a NaN bonus would reach the loss; a NaN marginal or set score the step's metrics)."""
-    answers = [(len(group.marginals), len(group.bonus or [])) for group in result.groups]
-    if answers != [(size, size) for size in sent]:
-        return f"sent {len(sent)} groups of sizes {sent}, got (marginals, bonus) lengths {answers}"
-    numbers = {"weight": [result.weight or 0.0]}
-    for field in ("bonus", "marginals", "local_mass", "advantages", "set_score", "saturation"):
-        values = [getattr(group, field) for group in result.groups]
-        numbers[field] = [x for v in values if v is not None for x in (v if isinstance(v, list) else [v])]
-    for field, values in numbers.items():
-        if not all(math.isfinite(x) for x in values):
-            return f"not a finite number in the answer's {field} ({next(x for x in values if not math.isfinite(x))})"
-    return None
 
 
 def rms(values: Sequence[float]) -> float:

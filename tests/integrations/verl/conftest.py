@@ -13,7 +13,9 @@ ROOT_VENV_PYTHON = Path(__file__).resolve().parents[3] / ".venv" / "bin" / "pyth
 
 @pytest.fixture(scope="session")
 def server():
-    with LocalServer(command=[str(ROOT_VENV_PYTHON), "-m", "setpo_server.cli"]) as running:
+    # float32, as the root conftest's session server this one replaces: the plug-in's shaped advantages are checked
+    # against this server's marginals at 1e-6, and `auto` would serve bfloat16 on a CPU with it native (issue 41)
+    with LocalServer(command=[str(ROOT_VENV_PYTHON), "-m", "setpo_server.cli"], dtype="float32") as running:
         yield running
 
 

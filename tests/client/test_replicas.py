@@ -1,0 +1,239 @@
+"""A step fans out over several replicas (issue 39, items 1, 2 and 6), against real servers on 127.0.0.1: the
+answers equal the serial path's; a replica killed mid-step, down, not ready or answering off the contract costs
+nothing but its own chunk's retry; and several URLs are spelled as OpenRLHF spells them (comma-separated)."""
+
+import json
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import httpx
+import pytest
+
+from setpo_client import SetpoClient, SetpoError
+from setpo_client.client import RECHECK_S, replica_urls, strictest
+from setpo_client.shaping import SetpoShaper, fit_step
+from setpo_server.local import LocalServer, free_port
+from tests.metrics import scrape
+
+# 24 prompts x 6 GSM8K-like responses: enough for several chunks, small enough for a 2-core machine
+GROUPS = [
+    [f"Step {k}: {p} apples and {k * p} pears make {p + k * p}; so the answer is {p + k * p + r}." for k in range(6)]
+    for p in range(24)
+    for r in [p % 3]
+]
+POLICY = {"weight": 0.3, "min_reward": 1.0, "normalize": "zscore"}
+REWARDS = [[1.0, 1.0, 0.0, 1.0, 1.0, 1.0] for _ in GROUPS]
+
+
+def served(server) -> float:
+    """/v1/diversity requests the server answered (any status, any other label)."""
+    samples = scrape(server).items()
+    return sum(v for k, v in samples if k.startswith("setpo_requests_total{") and 'route="/v1/diversity"' in k)
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    with LocalServer(dtype="float32", threads=1) as a, LocalServer(dtype="float32", threads=1) as b:
+        yield a, b
+
+
+@pytest.fixture(scope="module")
+def serial(replicas):
+    """The serial path's step on one replica: the reference every fanned-out step must equal."""
+    with SetpoClient(replicas[0].url) as client:
+        return SetpoShaper(client, in_flight=1, **POLICY).score(GROUPS, rewards=REWARDS)
+
+
+def same_step(step, reference) -> None:
+    assert step.metrics["setpo/fallback_steps"] == 0
+    for got, want in zip(step.bonus, reference.bonus, strict=True):
+        assert got == pytest.approx(want, abs=1e-5)
+    for got, want in zip(step.marginals, reference.marginals, strict=True):
+        assert got == pytest.approx(want, abs=1e-5)
+    for name in ("setpo/scored_groups", "setpo/small_scope_groups", "setpo/unscored_groups", "setpo/scored_share"):
+        assert step.metrics[name] == reference.metrics[name], name
+    for name in ("setpo/bonus_rms", "setpo/marginal_mean", "setpo/marginal_std", "setpo/set_score_mean"):
+        assert step.metrics[name] == pytest.approx(reference.metrics[name], abs=1e-6), name
+
+
+def test_urls_are_spelled_comma_separated_as_openrlhf_spells_its_remote_urls(monkeypatch):
+    assert replica_urls("http://a:8000/, http://b:8000") == ["http://a:8000", "http://b:8000"]
+    for wrong in (" , ", "http://a:8000,http://a:8000/"):
+        with pytest.raises(ValueError, match="comma-separated"):
+            replica_urls(wrong)
+    monkeypatch.setenv("SETPO_URL", "http://a:8000,http://b:8000")
+    with SetpoClient() as client:
+        assert client.urls == ["http://a:8000", "http://b:8000"] and client.base_url == "http://a:8000,http://b:8000"
+
+
+@pytest.mark.parametrize("in_flight", [None, 4])
+def test_a_step_fanned_out_over_two_replicas_equals_the_serial_step(replicas, serial, in_flight):
+    a, b = replicas
+    before = served(a), served(b)
+    with SetpoClient(f"{a.url},{b.url}") as client:
+        step = SetpoShaper(client, in_flight=in_flight, **POLICY).score(GROUPS, rewards=REWARDS)
+    same_step(step, serial)
+    chunks = in_flight or 2  # by default one in flight per replica
+    assert step.metrics["setpo/requests"] == chunks and step.metrics["setpo/chunk_retries"] == 0
+    assert served(a) - before[0] == served(b) - before[1] == chunks // 2  # both replicas had work, equal shares
+    assert serial.metrics["setpo/requests"] == 1
+
+
+def test_chunks_are_cut_by_bytes_so_the_long_groups_do_not_land_in_one_chunk(replicas):
+    """Two long groups then twenty short ones, in two chunks: one long group in each (by group count, both would be
+    in the first); the step still equals the serial one."""
+    steps = [[text * 40 for text in GROUPS[0]]] * 2 + GROUPS[:20]
+    with SetpoClient(replicas[0].url) as client:
+        info = client.info()
+        reference = SetpoShaper(client, in_flight=1, weight=0.3).score(steps)
+    payloads = [(index, {"texts": group}, len(group)) for index, group in enumerate(steps)]
+    chunks, _, _ = fit_step(payloads, info, {"groups": [], "weight": 0.3}, None, chunks=2)
+    assert [[index for index, _ in chunk] for chunk in chunks] == [[0], list(range(1, 22))]
+    with SetpoClient(",".join(server.url for server in replicas)) as client:
+        step = SetpoShaper(client, weight=0.3).score(steps)
+    same_step(step, reference)
+    assert step.metrics["setpo/requests"] == 2
+
+
+def test_a_replica_killed_mid_step_leaves_the_step_whole_on_the_other(replicas, serial):
+    a = replicas[0]
+    with LocalServer(dtype="float32", threads=1) as doomed, SetpoClient(f"{doomed.url},{a.url}") as client:
+        shaper = SetpoShaper(client, in_flight=4, **POLICY)
+        shaper.score(GROUPS[:3], rewards=REWARDS[:3])  # info learned, both replicas known up
+        before = served(a)
+        outcome = {}
+        scoring = threading.Thread(target=lambda: outcome.update(step=shaper.score(GROUPS, rewards=REWARDS)))
+        scoring.start()
+        doomed.wait_until(lambda: scrape(doomed).get("setpo_requests_in_progress", 0) > 0, timeout=30)
+        doomed.stop(signal.SIGKILL)
+        scoring.join(60)
+    step = outcome["step"]
+    same_step(step, serial)  # nothing lost, doubled or zipped onto the wrong members
+    assert step.metrics["setpo/requests"] == 4 and served(a) - before >= 3  # the killed replica's chunks went to a
+    assert doomed.url in client.left_out
+
+
+def test_under_fail_replicas_that_never_come_back_end_the_step_in_one_clear_error_within_its_deadline():
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    shaper = SetpoShaper(SetpoClient(",".join(urls), backoff=0.2), weight=0.3, on_error="fail", step_timeout=3.0)
+    started = time.monotonic()
+    with pytest.raises(SetpoError, match="on_error='fail'") as failure:
+        shaper.score(GROUPS)
+    assert time.monotonic() - started < 3.0 + 2.0
+    assert ",".join(urls) in str(failure.value)  # the message names every replica it tried
+
+
+class Fake(BaseHTTPRequestHandler):
+    """A replica that says it is ready (or not, `ready`), gives a real replica's /info, and answers /v1/diversity
+    with `answer(body)`."""
+
+    info: ClassVar[dict] = {}
+    ready: ClassVar[list[int]] = [200]
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        self.reply(self.ready[0], {"status": "ready"} if self.path == "/ready" else self.info)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        self.reply(self.ready[0], self.answer(body) if self.ready[0] == 200 else {"error": {"message": "not ready"}})
+
+    def answer(self, body):
+        raise NotImplementedError
+
+    def reply(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake(replicas):
+    info = httpx.get(replicas[0].url + "/info").json()
+    servers = []
+
+    def serve(answer=None, ready=200, **info_changes):
+        handler = type("Handler", (Fake,), {"answer": staticmethod(answer), "info": {**info, **info_changes}, "ready": [ready]})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_port}", handler
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+
+
+def answer(body, bonus=0.1):
+    groups = [
+        {
+            "marginals": [0.1] * len(g["texts"]),
+            "local_mass": [0.5] * len(g["texts"]),
+            "set_score": -0.4,
+            "saturation": 0.0,
+            "scored": len(g["texts"]),
+            "bonus": [bonus] * len(g["texts"]),
+        }
+        for g in body["groups"]
+    ]
+    usage = {"texts": 0, "unique_texts": 0, "tokens": 0, "truncated": 0}
+    return {"model": "m", "groups": groups, "usage": usage, "weight": body.get("weight")}
+
+
+def nan_bonus(body):
+    return answer(body, bonus=float("nan"))
+
+
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_a_replica_answering_off_the_contract_costs_its_chunk_one_retry_elsewhere(replicas, serial, fake, on_error):
+    liar, _ = fake(nan_bonus)
+    with SetpoClient(f"{replicas[0].url},{liar}") as client:
+        step = SetpoShaper(client, on_error=on_error, **POLICY).score(GROUPS, rewards=REWARDS)
+    same_step(step, serial)
+    assert step.metrics["setpo/chunk_retries"] == 1 and step.metrics["setpo/requests"] == 2
+
+
+def test_an_answer_off_the_contract_from_the_only_replica_still_fails_the_step(fake):
+    liar, _ = fake(nan_bonus)
+    with SetpoClient(liar) as client, pytest.raises(SetpoError, match="not a finite number in the answer's bonus"):
+        SetpoShaper(client, weight=0.3, on_error="fail").score(GROUPS)
+
+
+def test_a_replica_not_ready_is_left_out_until_it_answers_ready_again(replicas, fake):
+    a = replicas[0]
+    late, handler = fake(answer, ready=503)
+    with SetpoClient(f"{late},{a.url}") as client:
+        assert client.ready() and late in client.left_out  # one replica ready is enough; the other is left out
+        before = served(a)
+        for _ in range(3):
+            client.diversity([{"texts": GROUPS[0]}])
+        assert served(a) - before == 3  # none of them went to the replica left out
+        handler.ready[0] = 200
+        time.sleep(RECHECK_S)
+        client.diversity([{"texts": GROUPS[0]}], avoid=[a.url])  # asks /ready again, takes it back, sends to it
+        assert late not in client.left_out
+
+
+def test_info_is_the_strictest_of_the_replicas_and_refuses_a_mix_of_models(replicas, fake):
+    a = replicas[0]
+    real = httpx.get(a.url + "/info").json()
+    smaller, _ = fake(limits={**real["limits"], "max_groups": 7, "max_request_rows": None}, truncate_chars=100)
+    with SetpoClient(f"{a.url},{smaller}") as client:
+        info = client.info()
+    assert info.limits.max_groups == 7 and info.truncate_chars == 100
+    assert info.limits.max_request_rows == real["limits"]["max_request_rows"]  # one replica does not say: the other
+    assert info.limits.max_body_bytes == real["limits"]["max_body_bytes"]
+    other, _ = fake(model="another-model")
+    with SetpoClient(f"{a.url},{other}") as client, pytest.raises(SetpoError, match="different models"):
+        client.info()
+    assert strictest([info]) == info
