@@ -1,7 +1,11 @@
 """A running server's /metrics in tests, read with prometheus_client's own parser."""
 
+import re
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def scrape(server) -> dict[str, float]:
@@ -21,5 +25,14 @@ def scrape(server) -> dict[str, float]:
 
 
 def metric(server, name: str) -> float:
-    """One sample by name (with its labels, if any); 0 when absent, as a counter not yet incremented is."""
-    return scrape(server).get(name, 0.0)
+    """The samples of that name whose labels include the ones given, summed, as PromQL selects them:
+    'setpo_requests_total{route="/info",status="200"}' counts every caller's. 0 when none, as a counter not yet
+    incremented is."""
+    wanted_name, _, wanted = name.partition("{")
+    wanted_labels = set(LABEL.findall(wanted))
+    total = 0.0
+    for sample, value in scrape(server).items():
+        sample_name, _, labels = sample.partition("{")
+        if sample_name == wanted_name and wanted_labels <= set(LABEL.findall(labels)):
+            total += value
+    return total

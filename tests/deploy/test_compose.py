@@ -5,6 +5,7 @@ service, every server setting passed through from .env and every variable docume
 import json
 import re
 import shutil
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -86,6 +87,19 @@ def test_env_example_documents_every_variable_compose_reads():
         f"not in {ENV_EXAMPLE.name}: {sorted((interpolated | passed_through) - documented)}"
     )
     assert server_setting_names() - {"SETPO_HOST", "SETPO_PORT"} <= documented
+
+
+def test_servers_mount_the_folder_of_the_key_file_the_env_example_names():
+    """Issue 41: SETPO_API_KEY_FILE's folder is bind-mounted read-only (the folder, so a file replaced on the host is
+    seen), from deploy/keys by default, a folder git keeps empty of keys."""
+    example = dict(re.findall(r"^#?\s*([A-Z_][A-Z0-9_]*)=(\S*)", ENV_EXAMPLE.read_text(), flags=re.M))
+    key_file = PurePosixPath(example["SETPO_API_KEY_FILE"])
+    for profile, name in (("gpu", "setpo-server"), ("cpu", "setpo-server-cpu")):
+        service = config(profile)["services"][name]
+        (mount,) = [v for v in service["volumes"] if v["target"] == str(key_file.parent)]
+        assert mount["type"] == "bind" and mount["read_only"], name
+        assert Path(mount["source"]) == ROOT / example["SETPO_KEYS"], name
+    assert (ROOT / "deploy/keys/.gitignore").read_text().splitlines()[1:] == ["*", "!.gitignore"]
 
 
 def test_env_example_bakes_in_no_key():

@@ -1,12 +1,13 @@
 """deploy/k8s: every overlay (with and without the monitoring component) and the RayJob render with kustomize,
 pass `kubernetes-validate --strict` on the oldest and newest Kubernetes we target, and their custom resources
 pass our own schemas (deploy/validate_crds.py). Then what the manifests must mean: probes, resources, GPUs only
-in the gpu overlay, selectors that match, a NetworkPolicy that lets in exactly the trainer's pods, and a RayJob
-that reaches the service by its cluster DNS name. Broken copies must fail each check."""
+in the gpu overlay, selectors that match, the keys from a Secret mounted as a volume, a NetworkPolicy that lets in
+exactly the trainer's pods, and a RayJob that reaches the service by its cluster DNS name. Broken copies must fail
+each check."""
 
 import re
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -93,7 +94,23 @@ def test_server_deployment_probes_resources_and_security(rendered, overlay):
     )
     env = {e["name"]: e for e in container["env"]}
     assert env["SETPO_HOST"]["value"] == "0.0.0.0"
-    assert env["SETPO_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "setpo-api-key", "key": "api-key"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_server_reads_its_keys_from_the_secret_mounted_as_a_volume(rendered, overlay):
+    """Issue 41: the key file SETPO_API_KEY_FILE names is the Secret's `keys`, in a volume the kubelet updates in
+    place (never a subPath, which it does not); no SETPO_API_KEY, whose key a rotation could never revoke."""
+    pod = find(documents(rendered[overlay]), "Deployment", "setpo-server")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert "SETPO_API_KEY" not in env
+    key_file = PurePosixPath(env["SETPO_API_KEY_FILE"]["value"])
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(key_file.parent)]
+    assert mount["readOnly"] and "subPath" not in mount
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "setpo-api-key"
+    assert volume["secret"]["items"] == [{"key": "keys", "path": key_file.name}]
+    assert volume["secret"]["defaultMode"] == 0o440, "read by the owner and the pod's fsGroup, no other user"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -5,7 +5,7 @@ import pytest
 
 from setpo_client import SetpoAPIError
 from tests.inprocess import InProcessService
-from tests.metrics import scrape
+from tests.metrics import metric, scrape
 
 OK_GROUP = {"texts": ["one way", "another way", "a third way"]}
 
@@ -179,7 +179,6 @@ def test_body_streamed_without_content_length_is_limited_too(limited):
 def test_no_bad_request_produced_a_server_error(service, limited):
     # in-process, both count into the process's one registry: no 500 from either (nor any other in-process service)
     for running, seen in ((service, "400"), (limited, "413")):
-        samples = scrape(running)
-        assert samples.get(f'setpo_requests_total{{route="/v1/diversity",status="{seen}"}}', 0) > 0  # errors count
-        assert not any('status="500"' in name for name in samples)
+        assert metric(running, f'setpo_requests_total{{route="/v1/diversity",status="{seen}"}}') > 0  # errors count
+        assert not any('status="500"' in name for name in scrape(running))
     assert limited.client().diversity([OK_GROUP]).groups[0].marginals

@@ -1,5 +1,6 @@
 """In-process tests of the scoring stage and the batcher (no HTTP): chunked scoring against the paper's literal
-definition, rows of duplicate texts, fair slices between a big and a small job, and threads from the CPU quota."""
+definition, rows of duplicate texts, fair slices between a big and a small job and between callers, and threads from
+the CPU quota."""
 
 import asyncio
 
@@ -80,6 +81,39 @@ def test_a_small_job_is_served_between_slices_of_a_big_one(backend):
     assert first_with_small <= 2 < len(batches) - 5, batches  # served within two batches, long before the big job ends
     # done when its batch is: by then the batcher has handed the forward thread at most two more (it keeps two in flight)
     assert small_done_at <= first_with_small + 3
+
+
+def test_callers_share_the_forward_passes_whatever_number_of_jobs_each_sends(backend):
+    """Turns go to callers (the name of the key each sent, issue 41), then to each caller's jobs: a caller with four
+    jobs queued gets about half the batches while another caller's one job runs, not four fifths."""
+    batches: list[set[str]] = []  # per forward batch, the callers it took texts from
+
+    def texts(job: str, count: int) -> list[str]:
+        return [f"{job} text number {i} " + "word " * 20 for i in range(count)]
+
+    async def run():
+        batcher = Batcher(backend, 256, 10_000, 1_000_000)
+        next_batch = batcher._next_batch
+
+        def recording():
+            batch = next_batch()
+            if batch:
+                batches.append({job.caller for job, _ in batch})
+            return batch
+
+        batcher._next_batch = recording
+        many = [asyncio.ensure_future(batcher.embed(texts(f"a{j}", 60), caller="a")) for j in range(4)]
+        while not batches:
+            await asyncio.sleep(0.01)
+        await batcher.embed(texts("b", 60), caller="b")
+        await asyncio.gather(*many)
+        await batcher.close()
+
+    asyncio.run(run())
+    with_b = [i for i, callers in enumerate(batches) if "b" in callers]
+    while_b_ran = batches[with_b[0] : with_b[-1] + 1]
+    assert len(with_b) / len(while_b_ran) >= 0.4, batches  # one job of four per turn would give b a fifth
+    assert any("a" in callers for callers in batches[with_b[-1] + 1 :]), "a's jobs must outlast b's for this to test"
 
 
 def test_cpu_quota_from_cgroup_v2_and_v1(tmp_path):

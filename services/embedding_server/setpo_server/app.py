@@ -12,6 +12,7 @@ from setpo_server.admission import BIG_BODIES_AT_ONCE
 from setpo_server.backend import Backend
 from setpo_server.batcher import Batcher, resolve_batch_tokens
 from setpo_server.errors import install_error_handlers
+from setpo_server.keys import CallerKeys, watch_key_file
 from setpo_server.openapi import docs_routes, publish_request_bodies
 from setpo_server.routes import router
 from setpo_server.settings import Settings
@@ -61,18 +62,23 @@ def create_app(settings: Settings | None = None, threads: int | None = None) -> 
         import torch
 
         threads = torch.get_num_threads()
-    state = ServiceState(settings, threads, big_bodies=asyncio.Semaphore(BIG_BODIES_AT_ONCE))
+    api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+    keys = CallerKeys(api_key, settings.api_key_file)
+    state = ServiceState(settings, threads, big_bodies=asyncio.Semaphore(BIG_BODIES_AT_ONCE), keys=keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(load_model(state))
+        watching = asyncio.create_task(watch_key_file(keys)) if keys.path is not None else None
         yield
         loading.cancel()
+        if watching is not None:
+            watching.cancel()
         if state.batcher is not None:
             await state.batcher.close()
         metrics.READY.set(0)
 
-    docs_behind_key = settings.api_key is not None and not settings.public_docs
+    docs_behind_key = keys.required and not settings.public_docs
     app = FastAPI(
         title="setpo",
         summary="SetPO diversity service: leave-one-out marginals and shaped advantages for groups of responses",

@@ -3,9 +3,11 @@
 A request's distinct texts are tokenised in slices (the backend's lock is never held for a whole request, and
 a caller who leaves stops it between slices), then admitted against the queue's bounds in texts and tokens,
 counted until their last text is embedded. One asyncio task builds each forward batch by taking texts from
-the jobs in turn, the one served longest ago first, longest texts first within a job, until the padded batch
-would overflow SETPO_MAX_BATCH_TOKENS: a small request waits for about one forward pass per job ahead of it
-(plus the two batches in flight), never for a stranger's whole job. A single dedicated forward thread runs the
+the callers in turn (the name of the key each sent; one caller when no key is set), the one served longest ago
+first, from each caller's jobs in turn, longest texts first within a job, until the padded batch would overflow
+SETPO_MAX_BATCH_TOKENS: a small request waits for about one forward pass per caller ahead of it (plus the two
+batches in flight), never for a stranger's whole job, and a caller sending many requests at once gets no more
+turns than one sending a single request. A single dedicated forward thread runs the
 model, so the event loop never does and no two forwards compete for the cores.
 
 If that task dies, the device reports an error (the CUDA context is then unusable), or a forward pass runs past
@@ -29,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 
 from setpo_server import metrics
 from setpo_server.backend import Backend
+from setpo_server.keys import ANONYMOUS
 from setpo_server.runtime import MALLOC_TRIM
 
 log = logging.getLogger("setpo_server")
@@ -93,6 +96,7 @@ class _Job:
     order: list[int]  # text indices, longest first: slices of a job pad little
     rows: torch.Tensor  # (n, dim), filled slice by slice
     remaining_tokens: int
+    caller: str  # whose job: turns go to callers first (keys.py names them)
     taken: int = 0  # texts of `order` already handed to a batch
     served: int = 0  # the last batch this job gave texts to; 0 = none yet
     done: int = 0  # texts embedded
@@ -118,6 +122,7 @@ class Batcher:
         self.failure: str | None = None  # why the batcher stopped; /ready answers 503 once set
         self._jobs: list[_Job] = []  # admitted and not finished, in arrival order
         self._batches = 0  # forward batches built so far
+        self._caller_served: dict[str, int] = {}  # caller -> the last batch one of its jobs gave texts to
         self._queued_texts = 0
         self._queued_tokens = 0
         self._wakeup = asyncio.Event()
@@ -127,9 +132,9 @@ class Batcher:
         self._worker = asyncio.create_task(self._run(), name="setpo-batcher")
         self._worker.add_done_callback(self._worker_ended)
 
-    async def embed(self, texts: list[str]) -> Embedded:
-        """Embed distinct texts. Raises TooLarge for a request bigger than the queue, Overloaded when the queue is
-        full, BatcherFailed when the batcher is down.
+    async def embed(self, texts: list[str], caller: str = ANONYMOUS) -> Embedded:
+        """Embed distinct texts for a caller (keys.py names them). Raises TooLarge for a request bigger than the queue,
+        Overloaded when the queue is full, BatcherFailed when the batcher is down.
         If the caller goes away, awaiting here is cancelled: tokenising stops at the next slice, and a queued
         job is dropped at the next batch."""
         if len(texts) > self.max_queue_texts:
@@ -154,7 +159,7 @@ class Batcher:
         metrics.TEXTS_TRUNCATED.inc(sum(truncated))
 
         order = sorted(range(len(ids)), key=tokens.__getitem__, reverse=True)
-        job = _Job(texts, ids, order, torch.empty(len(ids), self.backend.dimension), total)
+        job = _Job(texts, ids, order, torch.empty(len(ids), self.backend.dimension), total, caller)
         self._jobs.append(job)
         self._count(len(texts), total)
         self._wakeup.set()
@@ -180,14 +185,15 @@ class Batcher:
         metrics.QUEUE_TOKENS.set(self._queued_tokens)
 
     def _next_batch(self) -> list[tuple[_Job, list[int]]]:
-        """Texts from the jobs in turn, the one served longest ago first (arrival order among equals), longest
-        first within a job, while the padded batch fits the budget (always at least one text)."""
+        """Texts from the callers in turn, then from each caller's jobs in turn, the one served longest ago first
+        (arrival order among equals), longest first within a job, while the padded batch fits the budget (always
+        at least one text)."""
         for job in [job for job in self._jobs if job.future.done() and job.done == job.taken]:  # cancelled or failed
             self._jobs.remove(job)
             self._drop(job)
         self._batches += 1
         batch, count, longest = [], 0, 0
-        for job in sorted(self._jobs, key=lambda job: job.served):
+        for job in sorted(self._jobs, key=lambda job: (self._caller_served.get(job.caller, 0), job.served)):
             if job.future.done():
                 continue  # cancelled or failed: a slice of it is still in flight
             taken = []
@@ -200,7 +206,7 @@ class Batcher:
                 count, longest = count + 1, max(longest, length)
             if taken:
                 batch.append((job, taken))
-                job.served = self._batches
+                job.served = self._caller_served[job.caller] = self._batches
             if count and (count + 1) * longest > self.max_batch_tokens:
                 break
         return batch

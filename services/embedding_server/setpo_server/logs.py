@@ -1,16 +1,20 @@
 """The service's log, for a person and for a log shipper: one format for its own lines and uvicorn's (text, or one
 JSON object a line with SETPO_LOG_FORMAT=json), probes (/health, /ready, /metrics) at DEBUG, since a Kubernetes
 probe every few seconds would drown everything else at INFO, no query strings (a key a caller put there must not
-reach a log), and no progress bars.
+reach a log), the caller's name (never its key) where uvicorn writes "-", and no progress bars.
 """
 
 import json
 import logging
 import os
+from contextvars import ContextVar
 from typing import Any
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PROBES = frozenset({"/health", "/ready", "/metrics"})
+UVICORN_ACCESS = '%s - "%s %s HTTP/%s" %d'  # uvicorn's access line: client, method, path, version, status
+# The caller a key named (keys.py), set by metrics.RequestMetrics just before uvicorn writes the request's line
+ACCESS_CALLER: ContextVar[str | None] = ContextVar("setpo_access_caller", default=None)
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,12 +33,17 @@ class JsonFormatter(logging.Formatter):
 
 
 def access_line(record: logging.LogRecord) -> bool:
-    """uvicorn's access record (client, method, path, version, status), its path cut before the query string;
-    a probe's line only at DEBUG."""
+    """uvicorn's access record (client, method, path, version, status), its path cut before the query string and
+    the caller's name in place of its "-" (as the common log format's user), when a key named one; a probe's line
+    only at DEBUG."""
     if not (isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str)):
         return True
     path = record.args[2].split("?", 1)[0]
     record.args = (*record.args[:2], path, *record.args[3:])
+    caller = ACCESS_CALLER.get()
+    if caller is not None and record.msg == UVICORN_ACCESS:
+        record.msg = '%s %s "%s %s HTTP/%s" %d'
+        record.args = (record.args[0], caller, *record.args[1:])
     return path not in PROBES or logging.getLogger("uvicorn.access").isEnabledFor(logging.DEBUG)
 
 

@@ -5,11 +5,15 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-REQUESTS = Counter("setpo_requests_total", "HTTP requests answered", ["route", "status"])
+from setpo_server.keys import ANONYMOUS
+from setpo_server.logs import ACCESS_CALLER
+
+# caller: the name of the key the request sent (keys.py), so as many values as the key file has names, or ANONYMOUS
+REQUESTS = Counter("setpo_requests_total", "HTTP requests answered", ["route", "status", "caller"])
 LATENCY = Histogram(
     "setpo_request_duration_seconds",
     "HTTP request latency",
-    ["route", "status"],
+    ["route", "status", "caller"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 QUEUE_TEXTS = Gauge("setpo_queue_texts", "Texts admitted and not yet embedded")
@@ -55,7 +59,8 @@ READY = Gauge("setpo_ready", "1 once the model is loaded and warmed up")
 
 
 class RequestMetrics:
-    """Counts and times each request by route template (not raw path, to keep label cardinality bounded)."""
+    """Counts and times each request by route template (not raw path, to keep label cardinality bounded) and caller,
+    and hands the caller to uvicorn's access line (logs.access_line), which is written while the answer starts."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -70,12 +75,14 @@ class RequestMetrics:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                ACCESS_CALLER.set(scope.get("state", {}).get("caller"))  # auth.require_key put it there
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_record)
         finally:
             route = scope.get("route")
-            labels = (getattr(route, "path", "unmatched"), str(status))
+            caller = scope.get("state", {}).get("caller", ANONYMOUS)
+            labels = (getattr(route, "path", "unmatched"), str(status), caller)
             REQUESTS.labels(*labels).inc()
             LATENCY.labels(*labels).observe(time.perf_counter() - start)

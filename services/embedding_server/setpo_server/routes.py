@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from setpo_core.diversity import unit_rows
 from setpo_server import CONTRACT_VERSION, __version__
 from setpo_server.admission import check_answer_size, check_text_lengths, limit_in_progress, read_body, ready_batcher
-from setpo_server.auth import require_key
+from setpo_server.auth import caller, require_key
 from setpo_server.batcher import Batcher
 from setpo_server.errors import ApiError, echoed, until_done_or_gone
 from setpo_server.openapi import ERRORS, request_body
@@ -129,7 +129,9 @@ async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher))
     check_answer_size(rows * 5 * 24 + len(body.groups) * 160, settings, "groups", "")  # <= 5 numbers a member
 
     weight = settings.weight if body.weight is None else body.weight
-    results, usage = await until_done_or_gone(request, score_request(body, batcher, weight, settings.shape), "groups")
+    results, usage = await until_done_or_gone(
+        request, score_request(body, batcher, weight, settings.shape, caller(request)), "groups"
+    )
     response = DiversityResponse(
         model=served_names(request, batcher)[0], groups=results, usage=usage, weight=None if body.is_v1 else weight
     )
@@ -164,7 +166,7 @@ async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)
     per_vector = 4 * -(-4 * dims // 3) if body.encoding_format == "base64" else 24 * dims
     check_answer_size(len(texts) * (per_vector + 48), settings, "input", "ask for encoding_format 'base64', ")
 
-    embedded = await until_done_or_gone(request, embed_texts(batcher, texts), "input")
+    embedded = await until_done_or_gone(request, embed_texts(batcher, texts, caller(request)), "input")
 
     def serialised() -> str:  # in a worker thread: thousands of vectors must not hold the event loop
         rows = embedded.embeddings  # (n, dim)

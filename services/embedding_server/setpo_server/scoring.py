@@ -10,6 +10,7 @@ from setpo_core.diversity import cosine_kernel, group_advantages, kernel_saturat
 from setpo_core.solutions import hybrid_kernel, key_kernel, scoped_marginals, standardized
 from setpo_server import metrics
 from setpo_server.batcher import Batcher, Embedded
+from setpo_server.keys import ANONYMOUS
 from setpo_server.schemas import DiversityRequest, DiversityUsage, GroupResult
 
 # Rows of one scoring chunk: its (B, G, G) kernel and set_diversity's few temporaries of that shape hold at most
@@ -25,11 +26,11 @@ class ScoringError(Exception):
         self.message, self.param = message, param
 
 
-async def embed_texts(batcher: Batcher, texts: list[str]) -> Embedded:
+async def embed_texts(batcher: Batcher, texts: list[str], caller: str = ANONYMOUS) -> Embedded:
     """Each distinct text embedded once; rows, tokens and truncation flags in the order of `texts`."""
     unique = list(dict.fromkeys(texts))
     metrics.TEXTS_DEDUPLICATED.inc(len(texts) - len(unique))
-    embedded = await batcher.embed(unique)
+    embedded = await batcher.embed(unique, caller)
     row_of = {text: i for i, text in enumerate(unique)}
     rows = [row_of[text] for text in texts]
     return Embedded(
@@ -60,13 +61,13 @@ def check_scope(request: DiversityRequest) -> None:
 
 
 async def score_request(
-    request: DiversityRequest, batcher: Batcher, weight: float, shape: str
+    request: DiversityRequest, batcher: Batcher, weight: float, shape: str, caller: str = ANONYMOUS
 ) -> tuple[list[GroupResult], DiversityUsage]:
     check_scope(request)
     groups = request.groups
     embeds = request.kernel != "key"  # the key kernel needs no model call
     texts = [text for group in groups if group.texts is not None and embeds for text in group.texts]
-    embedded = await embed_texts(batcher, texts) if texts else None
+    embedded = await embed_texts(batcher, texts, caller) if texts else None
     results = await run_in_threadpool(score_groups, request, embedded, weight, shape)
     usage = DiversityUsage(
         texts=len(texts),

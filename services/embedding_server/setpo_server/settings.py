@@ -4,17 +4,20 @@ Each field's docstring is its `--help` text (pydantic-settings' CLI, which also 
 """
 
 import inspect
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, CliSuppress, NoDecode, SettingsConfigDict
 
 from setpo_core.diversity import SHAPES
+from setpo_server.keys import parse_keys, read_key_file
 
 
 class Settings(BaseSettings):
     """The diversity service for SetPO (docs/service.md). Every flag is also a SETPO_* variable (flags win).
-    SETPO_API_KEY, from the environment only: the bearer key clients must send (unset: no key needed).
+    SETPO_API_KEY, from the environment only: the bearer key clients must send (unset: no key needed, unless
+    SETPO_API_KEY_FILE is set).
     setpo-server --version prints the version.
     """
 
@@ -97,6 +100,8 @@ class Settings(BaseSettings):
     # A secret never goes on a command line (ps, shell history): the environment or a Secret only.
     api_key: CliSuppress[SecretStr | None] = None
     """When set, /info, /v1/* and the API docs (/openapi.json, /docs, /redoc) need 'Authorization: Bearer <key>'."""
+    api_key_file: Path | None = None
+    """A file of keys, one a line: name=key, or a bare key (named key-<line number>); re-read within seconds of a change, so keys rotate without a restart. Either file or SETPO_API_KEY is accepted."""
     public_docs: bool = False
     """With a key set: serve /openapi.json, /docs and /redoc without it."""
 
@@ -128,6 +133,24 @@ class Settings(BaseSettings):
             # HTTP headers carry latin-1 and clients send ASCII: such a key could never be presented
             raise ValueError("must be printable ASCII (an HTTP header carries it); choose another key")
         return key if key is not None and key.get_secret_value() else None
+
+    @field_validator("api_key_file", mode="before")
+    @classmethod
+    def _empty_file_means_none(cls, path: object) -> object:
+        return None if path == "" else path  # as SETPO_API_KEY: compose passes an empty .env value through
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _keys_in_file(cls, path: Path | None) -> Path | None:
+        # At start a key file must give keys: later a broken one keeps the keys in force (keys.py); here there are none
+        if path is not None:
+            try:
+                parse_keys(read_key_file(path))
+            except OSError as exc:
+                raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from None
+        return path
 
 
 Settings.__doc__ = inspect.cleandoc(Settings.__doc__ or "")  # --help prints the class docstring as written

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from setpo_server.batcher import Batcher
+from setpo_server.keys import CallerKeys
 from setpo_server.settings import Settings
 
 
@@ -21,6 +22,7 @@ class ServiceState:
     settings: Settings
     threads: int  # what runtime.use_threads set (reported by /info)
     big_bodies: asyncio.Semaphore  # admission.read_body: big bodies parse a few at a time
+    keys: CallerKeys  # the keys accepted now, by caller (auth.require_key); the file's re-read by app's lifespan
     # how the service stops itself after a fatal failure; `setpo-server` sets uvicorn's graceful exit
     shutdown: Callable[[], None] = stop_by_signal
     batcher: Batcher | None = None  # set once the model is loaded and warm (app.load_model)
