@@ -6,6 +6,8 @@ begun by --deadline seconds is skipped, so a call ends inside its limit:
   replicas one 1024 x 6 rollout step through SetpoShaper (MiniLM, float16): one service as the plug-ins send
            today, against requests in flight to one service, to two on the same GPU, to two at half the token
            budget (replicas.py)
+  qwen-replicas  the qwen model's --qwen-prompts x 6 step through SetpoShaper, one service against two on the same
+           GPU (replicas.py), each at --replica-budget tokens a batch
   qwen     a Qwen3-Embedding-0.6B-shaped model (qwen_shaped.py: its architecture, random weights) through the
            server path below, bfloat16, on --qwen-prompts x 6 rollout texts (default the whole 1024 x 6 step),
            against in-process encode at batch 32; rounds that would end past --deadline are not begun
@@ -162,10 +164,13 @@ def measure(section: str, args: argparse.Namespace, device: str, bench: dict, qw
     if section == "service":
         dtypes = args.service_dtypes if device == "cuda" else ["float32"]
         return [row for dtype in dtypes for row in compare(minilm, dtype, device, bench, args.rounds, [32, 256])]
-    if section == "qwen":
+    if section in ("qwen", "qwen-replicas"):
         dtype = "bfloat16" if device == "cuda" else "float32"
         shape = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128} if args.quick else {}
         folder = qwen_shaped.build(Path(tempfile.mkdtemp(prefix="qwen3-shaped-")), minilm, 8192, DTYPES[dtype], **shape)
+        if section == "qwen-replicas":
+            one_or_two = [replicas.ARRANGEMENTS[0], replicas.ARRANGEMENTS[2]]
+            return [replicas.measure(folder, device, dtype, qwen_texts, args.rounds, args.replica_budget, one_or_two)]
         chosen = {"rollout-qwen": qwen_texts}
         until = began + args.deadline
         return [
@@ -201,7 +206,9 @@ def main() -> None:
     parser.add_argument("--assets", type=Path, default=Path(".gpu"), help="what benchmarks.gpu.prepare wrote")
     parser.add_argument("--out", type=Path, default=Path("out/gpu"))
     parser.add_argument(
-        "--sections", nargs="*", default=["loo", "replicas", "qwen", "stages", "arenas", "service", "sweep"]
+        "--sections",
+        nargs="*",
+        default=["loo", "replicas", "qwen", "qwen-replicas", "stages", "arenas", "service", "sweep"],
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--deadline", type=float, default=400, help="seconds: a section not begun by then is skipped")

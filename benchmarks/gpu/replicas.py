@@ -1,19 +1,16 @@
-"""Replicas on one GPU (issue 37, item 2): one training step's rollout through SetpoShaper, today's path (one
-service, one request after another) against the same step with several requests in flight: to one service, to
-two services on the same GPU, and to two at half the token budget each.
+"""Replicas (issues 37 and 39): one training step's rollout through SetpoShaper, the serial path (one service, one
+request after another) against the same step fanned out by SetpoShaper itself: several requests in flight to one
+service, to two services (SETPO_URL with two URLs; the default, one in flight each; and four in flight), and to two
+at half the token budget each. On a GPU (`python -m benchmarks.gpu --sections replicas`) and on this machine's
+CPU cores (benchmarks/replicas.py).
 
-SetpoShaper sends a step's requests one after another (the fan-out is issue 39's); here the step is cut into
-`in_flight` contiguous parts of about equal characters, each scored by its own SetpoShaper in its own thread,
-parts dealt to the services in turn: what a fan-out with that many requests in flight would put on them.
-Interleaved rounds; the paired ratio is the median of each round's own ratio to today's path; the bonuses of
-every arrangement are compared with today's (several services pack batches differently: float noise only).
+Interleaved rounds; the paired ratio is the median of each round's own ratio to the serial path; the bonuses of
+every arrangement are compared with the serial path's (several services pack batches differently: float noise only).
 """
 
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -22,77 +19,71 @@ from setpo_client import SetpoClient
 from setpo_client.shaping import SetpoShaper, text_chars
 from setpo_server.local import LocalServer
 
-# (label, the services its requests go to, requests in flight): services a and b at the budget, c and d at half
+# (label, the services its requests go to, requests in flight; None: SetpoShaper's default): services a and b at
+# the budget, c and d at half
 ARRANGEMENTS = [
-    ("1 service, 1 in flight", "a", 1),
+    ("1 service, serial", "a", 1),
     ("1 service, 2 in flight", "a", 2),
-    ("2 services, 2 in flight", "ab", 2),
+    ("2 services, default (1 in flight each)", "ab", None),
     ("2 services, 4 in flight", "ab", 4),
-    ("2 services at half budget, 2 in flight", "cd", 2),
+    ("2 services at half budget, default", "cd", None),
 ]
 
 
-def split(groups: list[list[str]], parts: int) -> list[slice]:
-    """Contiguous slices of the groups, each about 1/parts of their characters (none empty)."""
-    sizes = [sum(map(len, group)) for group in groups]
-    total, bounds, running = sum(sizes), [0], 0
-    for index, size in enumerate(sizes):
-        running += size
-        if len(bounds) < parts and running >= total * len(bounds) / parts and index + 1 < len(groups):
-            bounds.append(index + 1)
-    bounds.append(len(groups))
-    return [slice(a, b) for a, b in pairwise(bounds)]
-
-
-def step(shapers: list[SetpoShaper], groups: list[list[str]], in_flight: int) -> list[list[float]]:
-    """The step's bonuses, its parts scored at once, part k by shapers[k % len(shapers)]."""
-    parts = split(groups, in_flight)
-    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-        answers = list(pool.map(lambda k: shapers[k % len(shapers)].score(groups[parts[k]]), range(len(parts))))
-    return [bonus for answer in answers for bonus in answer.bonus]
-
-
-def measure(model_dir: Path, device: str, dtype: str, groups: list[list[str]], rounds: int, budget: int) -> dict:
-    """Seconds a step for each arrangement, over interleaved rounds, and its paired ratio to today's path."""
+def measure(
+    model_dir: Path | str,
+    device: str,
+    dtype: str,
+    groups: list[list[str]],
+    rounds: int,
+    budget: int,
+    arrangements: list[tuple[str, str, int | None]] = ARRANGEMENTS,
+    threads: int | str = "auto",
+) -> dict:
+    """Seconds a step for each arrangement, over interleaved rounds, and its paired ratio to the serial path."""
     budgets = {"a": budget, "b": budget, "c": budget // 2, "d": budget // 2}
+    names = sorted({name for _, services, _ in arrangements for name in services})
     with ExitStack() as stack:
         servers = {
-            name: LocalServer(model=model_dir, device=device, dtype=dtype, max_batch_tokens=tokens)
-            for name, tokens in budgets.items()
+            name: LocalServer(
+                model=model_dir, device=device, dtype=dtype, max_batch_tokens=budgets[name], threads=threads
+            )
+            for name in names
         }
-        for server in servers.values():  # four model loads at once
+        for server in servers.values():  # the model loads at once
             stack.callback(server.stop)
             server.start(wait=False)
-        clients = {}
-        for name, server in servers.items():
+        for server in servers.values():
             ready = f"{server.url}/ready"
             server.wait_until(lambda: httpx.get(ready, timeout=5).status_code == 200, 300)
-            clients[name] = stack.enter_context(SetpoClient(server.url, timeout=600))
-        # a shaper a (service, slot): requests in flight to one service each get their own connection
-        shapers = {
-            label: [SetpoShaper(clients[names[k % len(names)]], weight=0.05, on_error="fail") for k in range(parts)]
-            for label, names, parts in ARRANGEMENTS
-        }
-        limit = text_chars(clients["a"].info())
+        shapers = {}
+        for label, services, in_flight in arrangements:
+            client = stack.enter_context(SetpoClient(",".join(servers[name].url for name in services), timeout=600))
+            shapers[label] = SetpoShaper(client, weight=0.05, on_error="fail", in_flight=in_flight)
+        with SetpoClient(servers[names[0]].url) as client:
+            limit = text_chars(client.info())
         groups = [[text[:limit] for text in group] for group in groups]
-        for label, _, parts in ARRANGEMENTS:  # warm every service at these shapes
-            step(shapers[label], groups[:64], parts)
-        times: dict[str, list[float]] = {label: [] for label, _, _ in ARRANGEMENTS}
+        for label, _, _ in arrangements:  # warm every service at these shapes
+            shapers[label].score(groups[:64])
+        times: dict[str, list[float]] = {label: [] for label, _, _ in arrangements}
         bonuses: dict[str, list[list[float]]] = {}
+        requests: dict[str, float] = {}
         for _ in range(rounds):
-            for label, _, parts in ARRANGEMENTS:
+            for label, _, _ in arrangements:
                 start = time.perf_counter()
-                bonuses[label] = step(shapers[label], groups, parts)
+                step = shapers[label].score(groups)
                 times[label].append(time.perf_counter() - start)
-    serial = ARRANGEMENTS[0][0]
+                bonuses[label], requests[label] = step.bonus, step.metrics["setpo/requests"]
+    serial = arrangements[0][0]
     texts = sum(map(len, groups))
     rows = []
-    for label, names, parts in ARRANGEMENTS:
+    for label, services, in_flight in arrangements:
         row = {
             "arrangement": label,
-            "services": len(names),
-            "in_flight": parts,
-            "max_batch_tokens": budgets[names[0]],
+            "services": len(services),
+            "in_flight": in_flight or len(services),
+            "requests": requests[label],
+            "max_batch_tokens": budgets[services[0]],
             "step_s": statistics.median(times[label]),
             "step_s_rounds": times[label],
             "paired_over_serial": statistics.median(t / s for t, s in zip(times[label], times[serial])),
@@ -102,8 +93,15 @@ def measure(model_dir: Path, device: str, dtype: str, groups: list[list[str]], r
         }
         print(
             f"  {label:<40} {row['step_s']:>7.2f} s a step ({texts} texts)  x{row['paired_over_serial']:.3f} of "
-            f"today's path  bonus differs by <= {row['bonus_max_abs_diff']:.1e}",
+            f"the serial path  bonus differs by <= {row['bonus_max_abs_diff']:.1e}",
             flush=True,
         )
         rows.append(row)
-    return {"model": model_dir.name, "dtype": dtype, "texts": texts, "rounds": rounds, "rows": rows}
+    return {
+        "model": Path(model_dir).name,
+        "dtype": dtype,
+        "threads": threads,
+        "texts": texts,
+        "rounds": rounds,
+        "rows": rows,
+    }

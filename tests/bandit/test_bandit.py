@@ -81,6 +81,18 @@ def test_embed_span_is_refused_the_bandit_has_no_texts(capsys):
     )
 
 
+def test_in_flight_reaches_every_runs_shaper_and_is_refused_below_1(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        bandit.parse_args(["--url", "x", "--out", "x", "--in-flight", "0"])
+    assert "--in-flight must be >= 1 (requests in flight at once), got 0" in capsys.readouterr().err
+    args = bandit.parse_args(["--url", "x", "--out", "x", "--seeds", "0", "--in-flight", "2"])
+    seen = []
+    monkeypatch.setattr(bandit, "train", lambda args, shaper, seed, progress: seen.append(shaper.in_flight) or {})
+    with SetpoClient("http://127.0.0.1:1,http://127.0.0.1:2") as replicas:  # never asked: train is stubbed
+        bandit.run_all(args, replicas)
+    assert seen == [2, 2]  # GRPO's run and SetPO's
+
+
 def test_the_scoped_form_with_keys_and_the_controller_keeps_rewarded_modes_alive(server, tmp_path):
     flags = [
         "--min-reward",

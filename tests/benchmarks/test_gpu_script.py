@@ -7,13 +7,12 @@ time when it breaks there, so each is checked here, on the CPU, against the real
   service load, pooling the last token of left-padded input;
 - http_vs_inprocess.rollout: a training step's texts, prompts x 6, of the token lengths asked for;
 - stages: the batcher's packing (against the real Batcher's), and every stage timed on the real Backend;
-- replicas: a step cut into parts in flight, answered as the one-request-after-another path answers it.
+- replicas: each arrangement of services measured through SetpoShaper's own fan-out, its bonuses the serial path's.
 """
 
 import asyncio
 import json
 import zipfile
-from itertools import chain, pairwise
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,6 @@ from sentence_transformers import SentenceTransformer
 
 from benchmarks.gpu import prepare, qwen_shaped, replicas, stages
 from benchmarks.http_vs_inprocess import chars_per_token, rollout
-from setpo_client import SetpoClient
-from setpo_client.shaping import SetpoShaper
 from setpo_server.backend import Backend, embedded_model_path
 from setpo_server.batcher import Batcher
 from setpo_server.settings import Settings
@@ -141,25 +138,13 @@ def test_stages_packs_as_the_batcher_and_times_every_stage() -> None:
         assert row[f"{stage}_ms_per_text"] > 0, stage
 
 
-def test_replicas_split_cuts_a_step_into_contiguous_parts_of_about_equal_characters() -> None:
-    groups = [["x" * (100 + 37 * i)] * 6 for i in range(40)]
-    for parts in (1, 2, 3, 4):
-        slices = replicas.split(groups, parts)
-        assert len(slices) == parts and slices[0].start == 0 and slices[-1].stop == len(groups)
-        assert all(a.stop == b.start and a.start < a.stop for a, b in pairwise(slices))  # no gap, none empty
-        sizes = [sum(len(t) for g in groups[s] for t in g) for s in slices]
-        assert max(sizes) - min(sizes) <= 2 * max(sum(map(len, g)) for g in groups), sizes  # within a group or two
-    assert len(replicas.split(groups[:2], 4)) == 2  # never an empty part
-
-
-def test_replicas_step_answers_as_one_shaper_does(server) -> None:
-    """Parts in flight, dealt to two shapers in turn, come back in the step's order: bonuses equal the serial path's
-    (a zip onto the wrong groups would move them)."""
+def test_replicas_measures_each_arrangement_through_the_shapers_own_fan_out() -> None:
+    """benchmarks.replicas on the CPU at a toy size: every arrangement answered, its requests as asked (the serial
+    path one, two services by default two), its bonuses those of the serial path."""
     groups = [[f"prompt {p}: answer {r} " + "word " * (p * r % 7) for r in range(4)] for p in range(9)]
-    with SetpoClient(server.url) as one, SetpoClient(server.url) as two:
-        serial = SetpoShaper(one, weight=0.5, on_error="fail").score(groups).bonus
-        shapers = [SetpoShaper(one, weight=0.5, on_error="fail"), SetpoShaper(two, weight=0.5, on_error="fail")]
-        for in_flight in (2, 3):
-            bonus = replicas.step(shapers, groups, in_flight)
-            assert [len(group) for group in bonus] == [len(group) for group in serial]
-            assert list(chain(*bonus)) == pytest.approx(list(chain(*serial)), abs=1e-6)
+    arrangements = [("serial", "a", 1), ("two", "ab", None), ("four", "ab", 4)]
+    report = replicas.measure(embedded_model_path(), "cpu", "float32", groups, 1, 2048, arrangements, threads=1)
+    rows = {row["arrangement"]: row for row in report["rows"]}
+    assert [rows[name]["requests"] for name in ("serial", "two", "four")] == [1, 2, 4]
+    assert all(row["bonus_max_abs_diff"] <= 1e-6 for row in rows.values())
+    assert rows["serial"]["paired_over_serial"] == 1.0 and report["texts"] == 36

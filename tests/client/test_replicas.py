@@ -162,7 +162,9 @@ def fake(replicas):
     servers = []
 
     def serve(answer=None, ready=200, **info_changes):
-        handler = type("Handler", (Fake,), {"answer": staticmethod(answer), "info": {**info, **info_changes}, "ready": [ready]})
+        handler = type(
+            "Handler", (Fake,), {"answer": staticmethod(answer), "info": {**info, **info_changes}, "ready": [ready]}
+        )
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -209,7 +211,7 @@ def test_an_answer_off_the_contract_from_the_only_replica_still_fails_the_step(f
         SetpoShaper(client, weight=0.3, on_error="fail").score(GROUPS)
 
 
-def test_a_replica_not_ready_is_left_out_until_it_answers_ready_again(replicas, fake):
+def test_a_replica_not_ready_is_left_out_until_it_answers_ready_again(replicas, fake, caplog):
     a = replicas[0]
     late, handler = fake(answer, ready=503)
     with SetpoClient(f"{late},{a.url}") as client:
@@ -222,6 +224,8 @@ def test_a_replica_not_ready_is_left_out_until_it_answers_ready_again(replicas, 
         time.sleep(RECHECK_S)
         client.diversity([{"texts": GROUPS[0]}], avoid=[a.url])  # asks /ready again, takes it back, sends to it
         assert late not in client.left_out
+    said = [record.getMessage() for record in caplog.records if late in record.getMessage()]
+    assert len(said) == 2 and "left out" in said[0] and "taken back" in said[1]  # each change said once
 
 
 def test_info_is_the_strictest_of_the_replicas_and_refuses_a_mix_of_models(replicas, fake):

@@ -34,9 +34,9 @@ def test_the_countdown_key_makes_two_spellings_one_solution():
     assert len({KEYS[0], KEYS[2], KEYS[3], KEYS[4]}) == 4 and KEYS[5] is None
 
 
-def test_a_v1_request_gets_exactly_the_v1_answer(inprocess, service):
+def test_a_v1_request_gets_exactly_the_v1_answer(inprocess, http):
     body = {"groups": [{"texts": ANSWERS, "rewards": REWARDS}], "weight": 0.5}
-    answer = inprocess._http.post("/v1/diversity", json=body).json()
+    answer = http.post("/v1/diversity", json=body).json()
     assert set(answer) == {"model", "groups", "usage"}
     assert set(answer["groups"][0]) == {"marginals", "local_mass", "set_score", "saturation", "advantages"}
     vectors = embedded(inprocess, ANSWERS)
@@ -128,8 +128,8 @@ def test_a_hybrid_group_without_keys_is_plain_embedding(inprocess):
         ({"groups": [{"texts": ANSWERS, "keys": [1, 2, 3, 4, 5, 6]}], "kernel": "key"}, "groups[0].keys[0]", "string"),
     ],
 )
-def test_contract_errors_are_4xx_that_name_the_field(inprocess, body, param, words):
-    response = inprocess._http.post("/v1/diversity", json=body)
+def test_contract_errors_are_4xx_that_name_the_field(http, body, param, words):
+    response = http.post("/v1/diversity", json=body)
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error

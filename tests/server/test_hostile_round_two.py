@@ -185,13 +185,13 @@ def test_answers_nobody_reads_are_dropped_at_the_write_deadline_and_memory_retur
 
 
 def test_an_answer_over_max_response_bytes_is_refused_before_the_work():
-    with InProcessService(max_response_bytes=1024 * 1024) as small, small.client(max_retries=0) as client:
-        response = client._http.post("/v1/embeddings", json={"input": ["some text"] * 400})
+    with InProcessService(max_response_bytes=1024 * 1024) as small, small.http() as client:
+        response = client.post("/v1/embeddings", json={"input": ["some text"] * 400})
         assert response.status_code == 400, response.text  # OpenAI's status for an invalid request here
         assert "SETPO_MAX_RESPONSE_BYTES=1048576" in response.json()["error"]["message"]
         assert "base64" in response.json()["error"]["message"]  # what to do: the compact encoding, or fewer inputs
         fits = {"input": ["some text"] * 400, "encoding_format": "base64"}
-        assert client._http.post("/v1/embeddings", json=fits).status_code == 200
+        assert client.post("/v1/embeddings", json=fits).status_code == 200
 
 
 def test_a_key_sent_in_the_query_string_reaches_no_log(server):
@@ -210,8 +210,8 @@ def test_openapi_and_docs_need_the_key_when_one_is_set(server):
 
 
 def test_docs_stay_open_when_a_setting_says_so():
-    with InProcessService(api_key=KEY, public_docs=True) as open_docs, open_docs.client() as client:
-        assert client._http.get("/openapi.json").status_code == 200
+    with InProcessService(api_key=KEY, public_docs=True) as open_docs, open_docs.http() as client:
+        assert client.get("/openapi.json").status_code == 200
 
 
 def test_a_non_ascii_key_is_refused_at_start_with_a_clear_message():
@@ -227,9 +227,9 @@ def test_a_non_ascii_key_is_refused_at_start_with_a_clear_message():
     assert "ключ-секрет" not in run.stderr  # the refusal does not print the secret
 
 
-def test_an_error_echoes_no_more_than_a_few_hundred_characters(inprocess):
-    response = inprocess._http.post("/v1/embeddings", json={"input": "hi", "model": "m" * 100_000})
+def test_an_error_echoes_no_more_than_a_few_hundred_characters(http):
+    response = http.post("/v1/embeddings", json={"input": "hi", "model": "m" * 100_000})
     assert response.status_code in (400, 422)
     assert len(response.json()["error"]["message"]) < 500
-    retrieved = inprocess._http.get("/v1/models/" + "n" * 50_000)
+    retrieved = http.get("/v1/models/" + "n" * 50_000)
     assert retrieved.status_code == 404 and len(retrieved.json()["error"]["message"]) < 500

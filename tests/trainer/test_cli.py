@@ -13,7 +13,7 @@ import ray
 from setpo_server.local import LocalServer, free_port
 from setpo_trainer.openrlhf import cli, ray_hook
 from tests.trainer.conftest import PLACEHOLDERS
-from tests.trainer.rollouts import DIVERSITY_POLICY, train_args
+from tests.trainer.rollouts import DIVERSITY_POLICY, SETTINGS, makers, train_args
 
 RECIPES = Path(__file__).parents[2] / "services" / "trainer" / "recipes"
 BIN = Path(sys.executable).parent
@@ -54,6 +54,7 @@ def test_help_lists_every_openrlhf_flag_and_ours(capsys):
         "--setpo.api_key",
         "--setpo.timeout",
         "--setpo.max_retries",
+        "--setpo.in_flight",
         "--setpo.on_error",
         "--setpo.embed",
         "--setpo.max_chars",
@@ -199,6 +200,21 @@ def test_key_and_limits_are_checked_against_the_service(capsys, tiny_model, monk
         "env_vars": {"A": "1"},
         "worker_process_setup_hook": ray_hook.SETUP_HOOK,
     }
+
+
+def test_in_flight_and_several_replicas_pass_the_checks_and_reach_the_experience_maker(capsys, tiny_model, server):
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the start needs only one replica ready
+    replicas = f"{server.url},{down}"
+    assert cli.parse_args(base_flags(tiny_model, replicas) + ["--setpo.in_flight", "3"])
+    assert f"at {replicas}" in capsys.readouterr().out  # the limits of the replica that answered
+    assert train_args(*base_flags(tiny_model, server.url)).setpo.in_flight is None  # SetpoShaper's default
+    _, maker, _, _ = makers(tiny_model, replicas, *SETTINGS["grpo"], "--setpo.in_flight", "3")
+    assert maker.setpo.in_flight == 3 and maker.setpo.client.urls == [server.url, down]
+    for bad, message in (("0", "must be > 0, got 0"), ("-2", "must be > 0, got -2"), ("1.5", "invalid")):
+        flags = base_flags(tiny_model, server.url) + ["--setpo.in_flight", bad]
+        assert f"argument --setpo.in_flight: {message}" in error_of(capsys, flags)
+    twice = base_flags(tiny_model, f"{server.url},{server.url}")
+    assert "--setpo.url: setpo service URL(s)" in error_of(capsys, twice)
 
 
 @pytest.mark.parametrize(
@@ -378,6 +394,16 @@ def test_a_recipes_diversity_policy_is_checked_like_its_flags(tiny_model, server
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_KERNEL": "hybrid"})
     assert run.returncode == 2 and "--setpo.kernel=hybrid compares solution keys: give --setpo.key" in run.stderr
+
+
+def test_recipes_take_in_flight_and_several_replicas_from_the_environment(tiny_model, server, tmp_path):
+    replicas = f"{server.url},http://127.0.0.1:{free_port()}"  # the second not there: one ready is enough
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": replicas}
+    run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_IN_FLIGHT": "2"}, "--setpo.check_only")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"at {replicas}" in run.stdout and "the arguments check out" in run.stdout
+    run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_IN_FLIGHT": "0"})  # passed as the flag: checked as the flag
+    assert run.returncode == 2 and "argument --setpo.in_flight: must be > 0, got 0" in run.stderr
 
 
 def test_the_gsm8k_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path):

@@ -19,6 +19,7 @@ its backoff (max_retries counts such rounds). /info is the strictest of the repl
 
 import asyncio
 import json
+import logging
 import math
 import os
 import random
@@ -53,6 +54,7 @@ T = TypeVar("T", bound=BaseModel)
 JSON_HEADERS = {"content-type": "application/json"}
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+log = logging.getLogger("setpo_client")
 RECHECK_S = 1.0  # a replica left out is asked /ready again at most this often
 PROBE_TIMEOUT_S = 2.0  # ... and must answer within this: /ready never waits behind data work
 
@@ -225,7 +227,10 @@ class _ClientConfig:
     def leave_out(self, url: str) -> None:
         if len(self.urls) > 1:  # one replica is asked again by the retries themselves
             with self.lock:
+                newly = url not in self.left_out
                 self.left_out.setdefault(url, time.monotonic() + RECHECK_S)
+            if newly:
+                log.warning("setpo replica %s left out (unreachable or not ready) until its /ready answers 200", url)
 
     def due(self) -> list[str]:
         """Replicas left out whose /ready is due now; each is handed to one caller until its next RECHECK_S."""
@@ -240,7 +245,9 @@ class _ClientConfig:
         """Records what /ready said (None: no answer): a replica is taken back when it answers 200."""
         if status == 200:
             with self.lock:
-                self.left_out.pop(url, None)
+                was_out = self.left_out.pop(url, None) is not None
+            if was_out:
+                log.warning("setpo replica %s answers /ready again: taken back", url)
             return True
         self.leave_out(url)
         return False

@@ -3,6 +3,7 @@
 #   MODEL_PATH  the policy to train (HF folder or hub id)         required
 #   DATA_PATH   an OpenRLHF prompt file from `python -m setpo_trainer.openrlhf.data ...`   required
 #   SETPO_URL   the setpo service, e.g. http://setpo:8000          required
+#               (several replicas comma-separated: http://a:8000,http://b:8000)
 #   SAVE_PATH   where the trained model and TensorBoard logs go   (default: ./ckpt/<recipe>)
 #   NODES, GPUS_PER_NODE   the Ray cluster's GPU nodes            (default: 1 x 8)
 #   WANDB_API_KEY          log to Weights & Biases too            (optional; read from the environment only)
@@ -17,6 +18,8 @@
 #   SETPO_TARGET_RATIO  --setpo.target_ratio   steer lambda to RMS(bonus) / RMS(advantage); the recipe's lambda starts it
 #   SETPO_MIN_WEIGHT, SETPO_MAX_WEIGHT, SETPO_WEIGHT_EMA, SETPO_WARMUP_STEPS, SETPO_FREEZE_AFTER
 #                       --setpo.min_weight, ... the controller's bounds, averaging, warm-up and freeze
+# Passed the same way, though not the diversity policy:
+#   SETPO_IN_FLIGHT     --setpo.in_flight      a step's requests in flight at once (default: one per replica)
 # Any argument given to a recipe is passed on to setpo-train after the recipe's own flags, so it wins.
 set -euo pipefail
 
@@ -41,10 +44,10 @@ SAVE_PATH=${SAVE_PATH:-./ckpt/$RECIPE}
 NODES=${NODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 
-# The diversity policy from the environment, as flags placed after the recipe's --setpo.weight and before the
-# recipe's own arguments (so an argument still wins). setpo-train checks the values, as it checks its flags.
+# The diversity policy (and in_flight) from the environment, as flags placed after the recipe's --setpo.weight and
+# before the recipe's own arguments (so an argument still wins). setpo-train checks the values, as it checks its flags.
 POLICY_FLAGS=()
-for name in min_reward key kernel normalize embed_span target_ratio min_weight max_weight weight_ema warmup_steps freeze_after; do
+for name in min_reward key kernel normalize embed_span target_ratio min_weight max_weight weight_ema warmup_steps freeze_after in_flight; do
     variable=SETPO_${name^^}
     if [ -n "${!variable:-}" ]; then
         POLICY_FLAGS+=("--setpo.$name" "${!variable}")

@@ -48,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument(
         "--url",
         default=os.environ.get("SETPO_URL"),
-        help="a running setpo service (default: $SETPO_URL; with neither, one is started for the run)",
+        help="a running setpo service, several replicas comma-separated (default: $SETPO_URL; with neither, one "
+        "is started for the run)",
     )
     where.add_argument(
         "--serve", action="store_true", help="start a setpo service for the run (needs setpo-server installed)"
@@ -97,12 +98,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="when the service fails: train the step with lambda = 0, or stop",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds the client waits for an answer")
+    parser.add_argument(
+        "--in-flight", type=int, help="a step's requests in flight at once, over the replicas (default: one each)"
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request (httpx and others at INFO)")
     args = parser.parse_args(argv)
     if args.embed_span is not None:  # every plug-in takes the setting; here it has nothing to apply to
         parser.error("--embed-span chooses what of a text is embedded; the bandit's responses are embedding vectors")
     if args.rewarded > args.modes or args.group_size < 3 or args.steps < 1:
         parser.error("need rewarded <= modes, group-size >= 3 (leave-one-out needs 3) and steps >= 1")
+    if args.in_flight is not None and args.in_flight < 1:  # refused here, not after the service has started
+        parser.error(f"--in-flight must be >= 1 (requests in flight at once), got {args.in_flight}")
     try:
         controller(args)  # its settings are checked here, not after the service has started
     except ValueError as exc:
@@ -162,6 +168,7 @@ def run_all(args: argparse.Namespace, client: SetpoClient) -> dict[str, dict[str
                     kernel=args.kernel,
                     normalize=args.normalize,
                     controller=controller(args) if weight > 0 else None,
+                    in_flight=args.in_flight,
                 )
                 results[method][str(seed)] = train(args, shaper, seed, progress)
     return results

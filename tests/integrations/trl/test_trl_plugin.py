@@ -162,6 +162,14 @@ def test_embed_span_sends_the_spans_and_the_loss_sees_their_bonus(tiny_model, cl
         assert entry["setpo/span_missing"] == sum(first_word(t) is None for t in texts)
 
 
+def test_several_replicas_and_setpo_in_flight_reach_the_shaper(tiny_model, server, tmp_path):
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the start needs only one replica ready
+    with SetpoClient(f"{server.url},{down}") as replicas:
+        trainer = make_trainer(tiny_model, replicas, tmp_path, setpo_policy={"setpo_in_flight": 2})
+    assert trainer.setpo.in_flight == 2 and trainer.setpo.client.urls == [server.url, down]
+    assert trainer.setpo.info is not None  # its limits, from the replica that answered
+
+
 def test_a_key_kernel_without_a_key_is_refused_at_start(tiny_model, client, tmp_path):
     with pytest.raises(ValueError, match="give setpo_key"):
         make_trainer(tiny_model, client, tmp_path, setpo_policy={"setpo_kernel": "key"})

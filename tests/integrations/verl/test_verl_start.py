@@ -269,6 +269,20 @@ def test_embed_span_composes_from_the_command_line_through_hydras_grammar(server
         get_trainer_cls(keyed.trainer.v1.trainer_mode)(config=keyed)
 
 
+def test_several_replicas_and_in_flight_compose_from_the_command_line_and_a_bad_in_flight_is_refused():
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]  # nothing is asked of them: shaper_for only builds
+    both = ",".join(urls)
+    for spelled in (f"'{both}'", f"[{both}]"):  # quoted (a bare comma is a Hydra sweep), or Hydra's list
+        config = verl_config(*setpo(spelled, "+algorithm.setpo.in_flight=4"))
+        shaper = shaper_for(setpo_settings(config.algorithm))
+        assert shaper.in_flight == 4 and shaper.client.urls == urls
+    assert shaper_for({"enable": True, "url": both}).in_flight is None  # SetpoShaper's default: one per replica
+    for bad in ("four", "0", "1.5"):
+        config = verl_config(*setpo(f"'{both}'", f"+algorithm.setpo.in_flight={bad}"))
+        with pytest.raises(ValueError, match=r"\+algorithm\.setpo\.in_flight must be"):
+            shaper_for(setpo_settings(config.algorithm))
+
+
 def test_a_trainer_class_that_would_log_no_setpo_metrics_is_refused_and_the_legacy_one_is_not(server):
     # veRL's experimental SeparateRayPPOTrainer calls the plug-in's compute_advantage, but logs its metrics
     # through metric_utils.compute_data_metrics: it would shape every step and never say so

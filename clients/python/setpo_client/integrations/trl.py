@@ -12,6 +12,9 @@ its name, e.g. "countdown_expression"), setpo_kernel "embedding" | "hybrid" | "k
 r"<answer>(.*?)</answer>"), and setpo_controller=WeightController(target_ratio=...) steers lambda (setpo_weight is then the first
 step's) so the bonus is that share of TRL's advantages.
 
+Several replicas of the service: SetpoClient("http://a:8000,http://b:8000") (or SETPO_URL so spelled); a step's
+requests fan out over them, setpo_in_flight at once (default: one per replica).
+
 The service's key comes from $SETPO_API_KEY (SetpoClient's default): never put it in GRPOConfig, which TRL
 prints and sends to its trackers.
 
@@ -72,6 +75,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
         setpo_normalize: Normalize = "none",
         setpo_controller: WeightController | None = None,
         setpo_embed_span: str | None = None,
+        setpo_in_flight: int | None = None,
         **kwargs,
     ):
         # the hooks must still be TRL's own seams, or this subclass would add methods nobody calls
@@ -94,7 +98,9 @@ class SetpoGRPOTrainer(GRPOTrainer):
                 "SetpoGRPOTrainer is tested with TRL %s (setpo-client[trl]); this is %s", TESTED_RANGE, trl.__version__
             )
         super().__init__(*args, **kwargs)
-        self.setpo = SetpoShaper(setpo_client, setpo_weight, setpo_on_error, setpo_max_chars, **policy)
+        self.setpo = SetpoShaper(
+            setpo_client, setpo_weight, setpo_on_error, setpo_max_chars, in_flight=setpo_in_flight, **policy
+        )
         if setpo_weight > 0:  # fail now, not after the first generation round; TRL's advantages are group-relative
             self.setpo.start(group_size=self.num_generations, spell=spell)
         self.setpo_rewards: torch.Tensor | None = None  # the step's rewards, all processes (_calculate_rewards)

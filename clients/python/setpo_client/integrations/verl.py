@@ -8,6 +8,10 @@ configure everything else:
         +algorithm.setpo.enable=true +algorithm.setpo.url=http://setpo:8000 +algorithm.setpo.weight=0.05 \\
         [+algorithm.setpo.on_error=skip] [+algorithm.setpo.timeout=60] [+algorithm.setpo.max_chars=8000]
 
+Several replicas of the service: "+algorithm.setpo.url='http://a:8000,http://b:8000'" (quoted: unquoted, Hydra
+reads a comma as a sweep; or as a list, +algorithm.setpo.url=[http://a:8000,http://b:8000]); a step's requests
+fan out over them, +algorithm.setpo.in_flight=4 at once (default: one per replica).
+
 Diversity among correct solutions (contract v1.1; docs/diversity.md says how to choose), SetpoShaper's policy
 under veRL's names: +algorithm.setpo.min_reward=1.0 scores only the responses whose reward (veRL's token-level
 scores summed over the response, as its GRPO sums them) reaches it; key=countdown_expression (or
@@ -85,6 +89,7 @@ SETTINGS = (
     "weight",
     "on_error",
     "timeout",
+    "in_flight",
     "ready_timeout",
     "max_chars",
     "tokenizer",
@@ -121,7 +126,7 @@ def number(settings: dict, name: str, default: float | None = None, kind: type =
         return None
     wrong_kind = not isinstance(value, int) if kind is int else not isinstance(value, int | float)
     if isinstance(value, bool) or wrong_kind:
-        raise ValueError(f"algorithm.setpo.{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        raise ValueError(f"{spell(name)} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
     return kind(value)
 
 
@@ -142,13 +147,19 @@ def shaper_for(settings: dict) -> SetpoShaper:
         named |= {"weight": number(settings, "weight", 0.05), "weight_ema": number(settings, "weight_ema")}
         named |= {knob: settings.get(knob) for knob in ("key", "kernel", "normalize", "embed_span")}
         policy = diversity_policy(named, spell)
-        client = SetpoClient(settings["url"], timeout=number(settings, "timeout", 60.0))  # key: $SETPO_API_KEY
+        in_flight = number(settings, "in_flight", None, int)
+        if in_flight is not None and in_flight < 1:  # SetpoShaper refuses it too, but not by its name on veRL's line
+            raise ValueError(f"{spell('in_flight')} must be >= 1 (requests in flight at once), got {in_flight}")
+        url = settings["url"]  # a str; or a list, as Hydra advises for a value with a comma ([a,b]): the replicas
+        url = url if isinstance(url, str) else ",".join(str(each) for each in url)
+        client = SetpoClient(url, timeout=number(settings, "timeout", 60.0))  # key: $SETPO_API_KEY
         try:
             _shapers[name] = SetpoShaper(
                 client,
                 named["weight"],
                 settings.get("on_error", "skip"),
                 number(settings, "max_chars", None, int),
+                in_flight=in_flight,
                 **policy,
             )
         except ValueError as exc:  # SetpoShaper's messages use the settings' own names (on_error, weight)

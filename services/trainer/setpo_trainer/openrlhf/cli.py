@@ -2,6 +2,9 @@
 
     setpo-train <any `python -m openrlhf.cli.train_ppo_ray` flags> --setpo.url http://setpo:8000 --setpo.weight 0.05
 
+Several replicas of the service: --setpo.url http://a:8000,http://b:8000 (or SETPO_URL so spelled), as OpenRLHF
+spells --reward.remote_url; a step's requests fan out over them, --setpo.in_flight at once (default: one each).
+
 How it plugs in, without a copy of OpenRLHF's code:
 1. Flags. OpenRLHF builds its parser inside the __main__ block of `openrlhf.cli.train_ppo_ray`. We run that
    module as `python -m` would and take the parser when the block asks it to parse; the --setpo.* group is
@@ -145,7 +148,8 @@ def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
         "--setpo.url",
         metavar="URL",
         default=os.environ.get("SETPO_URL"),
-        help="the setpo service (default: $SETPO_URL)",
+        help="the setpo service (default: $SETPO_URL); several replicas comma-separated, as --reward.remote_url "
+        "takes several: http://a:8000,http://b:8000",
     )
     setpo.add_argument(
         "--setpo.weight",
@@ -173,6 +177,13 @@ def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative(int),
         default=5,
         help="retries with backoff when the service is unreachable or busy",
+    )
+    setpo.add_argument(
+        "--setpo.in_flight",
+        metavar="N",
+        type=positive(int),
+        default=None,
+        help="a step's requests in flight at once, over the service's replicas (default: one per replica)",
     )
     setpo.add_argument(
         "--setpo.on_error",
@@ -317,8 +328,13 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
     check_openrlhf()
     if not url:
         parser.error("--setpo.weight > 0 needs the service: pass --setpo.url (or set SETPO_URL), or --setpo.weight 0")
-    client = SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1)
-    shaper = SetpoShaper(client, weight, max_chars=options["setpo.max_chars"], **policy)
+    try:
+        client = SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1)
+    except ValueError as exc:  # a replica given twice
+        parser.error(f"--setpo.url: {exc}")
+    shaper = SetpoShaper(
+        client, weight, max_chars=options["setpo.max_chars"], in_flight=options["setpo.in_flight"], **policy
+    )
     estimator, ready_timeout = options["algo.advantage.estimator"], options["setpo.ready_timeout"]
     try:  # what every plug-in proves at start; /info needs the key: a wrong one fails here
         info = shaper.start(n, estimator, GROUP_ESTIMATORS, spell, ready_timeout)

@@ -43,12 +43,15 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         if setpo.target_ratio is not None:  # with its knobs; setpo-train checked the flags before Ray started
             settings |= {name: getattr(setpo, name) for name in ("target_ratio", *CONTROLLER_SETTINGS)}
         policy = diversity_policy(settings, spell)  # the key function is loaded by name here, in the trainer actor
-        self.setpo = SetpoShaper(client, setpo.weight, setpo.on_error, setpo.max_chars, **policy)
+        self.setpo = SetpoShaper(
+            client, setpo.weight, setpo.on_error, setpo.max_chars, in_flight=setpo.in_flight, **policy
+        )
         self.setpo_embed = setpo.embed
         logger.info(
-            f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, embed={setpo.embed}, "
-            f"on_error={setpo.on_error}, min_reward={setpo.min_reward}, key={setpo.key}, kernel={setpo.kernel}, "
-            f"normalize={setpo.normalize}, embed_span={setpo.embed_span}, target_ratio={setpo.target_ratio})"
+            f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, in_flight={setpo.in_flight}, "
+            f"embed={setpo.embed}, on_error={setpo.on_error}, min_reward={setpo.min_reward}, key={setpo.key}, "
+            f"kernel={setpo.kernel}, normalize={setpo.normalize}, embed_span={setpo.embed_span}, "
+            f"target_ratio={setpo.target_ratio})"
         )
 
     @torch.no_grad()
