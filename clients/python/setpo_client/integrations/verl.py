@@ -37,7 +37,11 @@ veRL 0.9.1 has two trainers and the plug-in wraps each at its advantage step:
   (tag is_padding) are left out; rows that rollout correction rejected (response mask all 0) keep bonus 0
   and are not sent. The texts are read before veRL's step, whose rollout correction may zero single tokens
   of response_mask: the policy's answer is embedded whole, and the bonus lands only on the tokens veRL trains.
-  The step's setpo/* metrics go into veRL's own metrics dict.
+  The step's setpo/* metrics go into veRL's own metrics dict. With trainer.v1.<mode>.parameter_sync_step k > 1
+  (separate_async's default 4) a training step runs the advantage step k times and veRL's MetricsAggregator
+  reduces each metric by its name: the plug-in adds SetPO's to its rules, so per-pass counts and time_s are summed,
+  running totals (fallback_steps, unscored_groups_total) and weight are the last pass's, the rest averaged by
+  samples. The weight controller steps once a pass: warmup_steps and freeze_after count advantage passes.
 - v0 (trainer.use_v1=false): `compute_advantage` (the function the legacy trainer calls) runs unchanged,
   then the batch is shaped; metrics are merged into veRL's data metrics of the step. The response_mask
   before rollout correction is kept by wrapping `compute_rollout_correction_and_add_to_batch`.
@@ -95,6 +99,21 @@ SETTINGS = (
     "tokenizer",
     *POLICY_SETTINGS,
 )
+# A v1 training step runs its advantage step parameter_sync_step (k) times, and veRL's MetricsAggregator reduces
+# each metric of the k passes by a rule its name picks (a weighted mean unless "sum", "total", "min", "max"... is in
+# it): SetPO's per-pass counts and time add up to the step's, its running totals and lambda are the last pass's.
+SUMMED_METRICS = (
+    "setpo/unscored_groups",
+    "setpo/small_scope_groups",
+    "setpo/bad_groups",
+    "setpo/scored_groups",
+    "setpo/cut_texts",
+    "setpo/requests",
+    "setpo/chunk_retries",
+    "setpo/span_missing",
+    "setpo/time_s",
+)
+LAST_METRICS = ("setpo/fallback_steps", "setpo/unscored_groups_total", "setpo/weight")
 _shapers: dict[tuple, SetpoShaper] = {}
 GENERATED_MASK = "setpo_generated_mask"  # v0: response_mask before rollout correction, from correction to advantage
 
@@ -195,6 +214,16 @@ def check_start(config, trainer_class) -> None:
         info.limits.max_body_bytes,
     )
     log.info("SetPO diversity policy: %s", " ".join(f"{name}={settings.get(name)}" for name in POLICY_SETTINGS))
+    v1 = config.trainer.get("v1") or {}
+    passes = (v1.get(v1.get("trainer_mode", "sync")) or {}).get("parameter_sync_step", 1)
+    if config.trainer.get("use_v1", True) and passes > 1 and settings.get("target_ratio") is not None:
+        log.warning(
+            "SetPO: parameter_sync_step=%d runs the advantage step %d times a training step; the weight controller "
+            "steps once a pass, so warmup_steps and freeze_after count passes (%d a training step)",
+            passes,
+            passes,
+            passes,
+        )
     agent = config.actor_rollout_ref.rollout.get("agent") or {}
     built_in = agent.get("default_agent_loop", "single_turn_agent") in ("single_turn_agent", "tool_agent")
     if estimator != "grpo" and (agent.get("agent_loop_config_path") or not built_in):
@@ -240,6 +269,8 @@ def check_trainer(trainer_class) -> None:
         refuse(
             f"{trainer_class.__name__}'s advantage step is not the plug-in's: this trainer would train without SetPO"
         )
+    if not getattr(v1_utils.MetricsAggregator._init_aggregation_rules, "setpo_wrapped", False):
+        refuse("veRL's MetricsAggregator is not the plug-in's: with parameter_sync_step > 1 it would misreduce setpo/*")
     # veRL's v1 step calls the compute_advantage v1/utils bound before the plug-in wrapped it; bound to the
     # wrapper (or looked up at call time), SetPO would shape inside veRL's step and again after it
     captured = vars(v1_utils).get("compute_advantage")
@@ -405,9 +436,11 @@ def install() -> None:
     """Wrap veRL's advantage steps and trainer constructors (idempotent). Called when `import verl` loads this plug-in."""
     from verl.trainer.ppo import ray_trainer, rollout_corr_helper
     from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1 import utils as v1_utils
 
     if getattr(ray_trainer.compute_advantage, "setpo_wrapped", False):
         return
+    original_rules = v1_utils.MetricsAggregator._init_aggregation_rules
     original_function = ray_trainer.compute_advantage
     original_correction = rollout_corr_helper.compute_rollout_correction_and_add_to_batch
     original_metrics = ray_trainer.compute_data_metrics
@@ -451,6 +484,14 @@ def install() -> None:
         metrics.update(shape_transfer_queue(batch, texts, estimator, shaper_for(settings), started))
         return batch
 
+    def _init_aggregation_rules(self) -> dict[str, list[str]]:
+        rules = original_rules(self)
+        return {
+            **rules,
+            "sum": [*rules.get("sum", []), *SUMMED_METRICS],
+            "last": [*rules.get("last", []), *LAST_METRICS],
+        }
+
     def v1_init(self, config, *args, **kwargs):
         check_start(config, type(self))  # before the trainer builds anything: init() starts the workers
         original_v1_init(self, config, *args, **kwargs)
@@ -466,6 +507,7 @@ def install() -> None:
         v1_init,
         v0_init,
         compute_rollout_correction_and_add_to_batch,
+        _init_aggregation_rules,
     )
     for wrapper in wrappers:
         wrapper.setpo_wrapped = True
@@ -475,6 +517,7 @@ def install() -> None:
     trainer_base.PPOTrainer._compute_advantage = _compute_advantage
     trainer_base.PPOTrainer.__init__ = v1_init
     ray_trainer.RayPPOTrainer.__init__ = v0_init
+    v1_utils.MetricsAggregator._init_aggregation_rules = _init_aggregation_rules
 
 
 _tokenizers: dict[str, object] = {}
