@@ -196,6 +196,48 @@ def test_dapo_dynamic_filtering_sends_only_the_groups_it_keeps(cluster, tiny_mod
     assert len(wire.sent) == 1 and sorted(sorted(group["texts"]) for group in wire.sent[0]["groups"]) == kept
 
 
+@pytest.mark.parametrize("keep", ["on", "off"])
+def test_under_dapo_the_scoped_form_keeps_the_all_correct_groups_it_exists_for(
+    cluster, tiny_model, server, prompt_file, keep
+):
+    """Issue 41, item 2: with --setpo.min_reward, OpenRLHF's real filter keeps the all-right group (where the
+    scoped bonus acts) under --setpo.keep_groups on, still drops the all-wrong one, and setpo/kept_by_bonus counts
+    it; off, DAPO drops both, as before, and the scoped form scores nothing."""
+    scoped = [
+        *SETTINGS["dapo"],
+        "--setpo.min_reward",
+        "1.0",
+        "--setpo.normalize",
+        "zscore",
+        "--setpo.keep_groups",
+        keep,
+    ]
+    args = trainer_args(tiny_model, server, prompt_file, *scoped, "--rollout.batch_size", "6")
+    assert list(args.algo.dynamic_filtering_range) == ([0.0, float("inf")] if keep == "on" else [0.0, 1.0])
+    strategy = get_strategy(args)
+    tokenizer = get_tokenizer(tiny_model, None, "left", strategy)
+    rows = [json.loads(line) for line in prompt_file.read_text().splitlines()]
+    kinds = ["mixed", "right", "mixed", "wrong", "duplicate", "mixed"]
+    engine = ray.remote(ScriptedEngine).remote(
+        {row["input"]: responses(row["label"], k) for row, k in zip(rows, kinds)}
+    )
+    prompts, _, _ = prepare_datasets(strategy, tokenizer)
+    generator = SamplesGenerator(
+        strategy=strategy, prompts_dataloader=prompts, eval_dataloader=None, tokenizer=tokenizer, vllm_engines=[engine]
+    )
+    samples, _, _, _ = generator.generate_samples(**GENERATE)
+    dropped = ("wrong",) if keep == "on" else ("right", "wrong")
+    assert len(samples) == (6 - len(dropped)) * N_SAMPLES
+
+    _, setpo, _, _ = makers(tiny_model, server.url, *scoped)
+    shaped = setpo.compute_advantages_and_returns(after_model_forward(setpo.split_rollout_samples(samples)))
+    kept_by_bonus = {float(value) for experience in shaped for value in experience.info.get("setpo/kept_by_bonus", [])}
+    assert kept_by_bonus == ({1.0} if keep == "on" else set())
+    # the mixed groups have 2 correct responses of 4: too few in scope; only the all-right group can be scored
+    scored = {float(value) for experience in shaped for value in experience.info["setpo/scored_groups"]}
+    assert scored == ({1.0} if keep == "on" else {0.0})
+
+
 def test_setpo_train_runs_openrlhfs_train_and_its_trainer_actor_reports_setpo(tiny_model, prompt_file, tmp_path):
     """The whole path: setpo-train -> OpenRLHF's train() -> its ray.init (our hook) -> the PPOTrainer actor it
     builds. On CPU the run must stop at the first GPU step (the policy model actor); by then the trainer actor

@@ -446,6 +446,32 @@ def fit_step(
     return pack(fitted, limits, envelope_size, chunks), unscored, cut
 
 
+def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Sequence[float]) -> bool:
+    """Whether the bonus would set a group's members apart, from the texts alone (no request). With all rewards
+    equal (the groups DAPO's dynamic sampling drops) GRPO's advantage is 0 for every member, so the shaped one is
+    lambda * s_i (lambda * zscore(s)): it differs exactly when the marginals do. That needs MIN_GROUP scorable
+    members in scope (reward >= min_reward) that the kernel tells apart. Members with one text (its embed_span
+    span), or one key under the key kernel, are a cluster: a marginal depends on its cluster's size and, for the
+    embedding kernel, on the cosines between clusters, which differ with 3 or more of them (save a measure-zero
+    symmetry). Clusters all of one size (one answer repeated, all keys different, two answers twice each) give equal
+    marginals, as does one key shared by all under the hybrid kernel. False with weight 0."""
+    floor = shaper.min_reward
+    scope = [text for text, reward in zip(texts, rewards) if text is not None and (floor is None or reward >= floor)]
+    if shaper.weight <= 0 or len(scope) < MIN_GROUP:
+        return False
+    compared: list = scope
+    if shaper.kernel != "embedding":
+        keys = shaper.keys_of(scope)
+        if shaper.kernel == "key":  # a member without a key is a solution of its own
+            compared = [key if key is not None else (row,) for row, key in enumerate(keys)]
+        elif keys[0] is not None and keys.count(keys[0]) == len(keys):
+            return False
+    if shaper.embed_span is not None:  # never with the key kernel (check_span)
+        compared = [shaper.span_of(text, {"span_missing": 0}) for text in scope]
+    sizes = {compared.count(member) for member in compared}
+    return len(sizes) > 1 or (shaper.kernel != "key" and len(set(compared)) > 2)
+
+
 def largest_group(limits: Limits) -> int:
     """The most members a group may have for the service to score it: its group size and request rows limits."""
     return min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)

@@ -20,6 +20,7 @@
 #                       --setpo.min_weight, ... the controller's bounds, averaging, warm-up and freeze
 # Passed the same way, though not the diversity policy:
 #   SETPO_IN_FLIGHT     --setpo.in_flight      a step's requests in flight at once (default: one per replica)
+#   SETPO_KEEP_GROUPS   --setpo.keep_groups    on | off: keep DAPO's all-correct groups (default: on with min_reward)
 # Any argument given to a recipe is passed on to setpo-train after the recipe's own flags, so it wins.
 set -euo pipefail
 
@@ -47,7 +48,7 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 # The diversity policy (and in_flight) from the environment, as flags placed after the recipe's --setpo.weight and
 # before the recipe's own arguments (so an argument still wins). setpo-train checks the values, as it checks its flags.
 POLICY_FLAGS=()
-for name in min_reward key kernel normalize embed_span target_ratio min_weight max_weight weight_ema warmup_steps freeze_after in_flight; do
+for name in min_reward key kernel normalize embed_span target_ratio min_weight max_weight weight_ema warmup_steps freeze_after in_flight keep_groups; do
     variable=SETPO_${name^^}
     if [ -n "${!variable:-}" ]; then
         POLICY_FLAGS+=("--setpo.$name" "${!variable}")

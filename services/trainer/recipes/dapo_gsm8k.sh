@@ -3,7 +3,8 @@
 # SetPO+DAPO on GSM8K, Qwen2.5-Math-1.5B or -7B (MODEL_PATH). Paper, appendix E, table "SetPO+DAPO and DAPO":
 # global batch 64 prompts x 6 rollouts, mini batch 64 prompts, lr 1e-6, KL 1e-4, 2 epochs, temperature 0.9,
 # clip-higher 0.2 / 0.28, max response 756, marginal weight 0.2; DAPO's dynamic sampling drops groups whose
-# rollouts are all right or all wrong (they are never sent to the service), token-mean loss. DAPO's overlong
+# rollouts are all right or all wrong (they are never sent to the service; with SETPO_MIN_REWARD, setpo-train's
+# --setpo.keep_groups keeps the all-right ones, where the scoped bonus acts), token-mean loss. DAPO's overlong
 # penalty is not in the paper's table: add --reward.overlong_buffer_len N to use it. DAPO alone: --setpo.weight 0.
 #   MODEL_PATH=Qwen/Qwen2.5-Math-1.5B DATA_PATH=data/gsm8k_train.jsonl SETPO_URL=http://setpo:8000 bash dapo_gsm8k.sh
 # shellcheck source=common.sh

@@ -25,7 +25,15 @@ The service's key comes only from $SETPO_API_KEY (veRL prints its resolved confi
 trackers: a key in the config would be in both); +algorithm.setpo.api_key is refused.
 
 GSPO (actor.policy_loss.loss_mode=gspo) and DAPO (clip-higher, algorithm.filter_groups) keep veRL's GRPO
-advantage step, so SetPO applies to them unchanged; groups are the responses that share veRL's `uid`.
+advantage step, so SetPO applies to them; groups are the responses that share veRL's `uid`. DAPO's dynamic
+sampling drops every group whose rewards are all equal before that step, among them the all-correct groups the
+scoped form (min_reward) exists for. With +algorithm.setpo.keep_groups=true (the default when min_reward is set)
+the v1 filter, `ReplayBuffer._dapo_filtered_keys` (wrapped; the sync and async samplers share it), keeps a group
+whose shaped advantages would still differ (setpo_client.shaping.would_shape: >= 3 members in scope that the
+kernel tells apart); it then trains on the bonus alone, counted as setpo/kept_by_bonus. Identical answers and
+all-wrong groups are dropped as before. A custom sampler (trainer.v1.sampler.custom_sampler) filters its own way,
+and the v0 trainer has no filter at all: veRL 0.9.1's RayPPOTrainer ignores algorithm.filter_groups (only
+verl-recipe's RayDAPOTrainer filters, inline in its fit(), which no plug-in can hook).
 
 veRL 0.9.1 has two trainers and the plug-in wraps each at its advantage step:
 - v1 (default, trainer.use_v1=true): `PPOTrainer._compute_advantage` (v1/trainer_base.py) runs unchanged; then the responses
@@ -68,7 +76,7 @@ from packaging.specifiers import SpecifierSet
 
 from setpo_client.client import SetpoClient
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
-from setpo_client.shaping import SetpoShaper, largest_group
+from setpo_client.shaping import SetpoShaper, largest_group, would_shape
 
 log = logging.getLogger("setpo_client.verl")
 # veRL versions whose advantage steps this plug-in was tested against: the `verl` extra's range (tests/integrations/verl
@@ -94,6 +102,7 @@ SETTINGS = (
     "on_error",
     "timeout",
     "in_flight",
+    "keep_groups",
     "ready_timeout",
     "max_chars",
     "tokenizer",
@@ -112,6 +121,7 @@ SUMMED_METRICS = (
     "setpo/chunk_retries",
     "setpo/span_missing",
     "setpo/time_s",
+    "setpo/kept_by_bonus",
 )
 LAST_METRICS = ("setpo/fallback_steps", "setpo/unscored_groups_total", "setpo/weight")
 _shapers: dict[tuple, SetpoShaper] = {}
@@ -186,6 +196,14 @@ def shaper_for(settings: dict) -> SetpoShaper:
     return _shapers[name]
 
 
+def keeps_groups(settings: dict) -> bool:
+    """+algorithm.setpo.keep_groups: DAPO's filter keeps the groups the bonus sets apart (default: with a scope)."""
+    value = settings.get("keep_groups", settings.get("min_reward") is not None)
+    if not isinstance(value, bool):
+        raise ValueError(f"{spell('keep_groups')} must be true or false, got {value!r}")
+    return value
+
+
 def check_start(config, trainer_class) -> None:
     """Everything that can be known before any worker starts; each failure says what to change."""
     settings = setpo_settings(config.algorithm)
@@ -194,6 +212,7 @@ def check_start(config, trainer_class) -> None:
     import verl
 
     check_trainer(trainer_class)
+    keep = keeps_groups(settings)
     if not SpecifierSet(TESTED_RANGE).contains(verl.__version__, prereleases=True):
         log.warning(
             "SetPO's veRL plug-in is tested with veRL %s (setpo-client[verl]); this is %s",
@@ -214,6 +233,18 @@ def check_start(config, trainer_class) -> None:
         info.limits.max_body_bytes,
     )
     log.info("SetPO diversity policy: %s", " ".join(f"{name}={settings.get(name)}" for name in POLICY_SETTINGS))
+    if (config.algorithm.get("filter_groups") or {}).get("enable", False):
+        if not config.trainer.get("use_v1", True):
+            log.warning(
+                "SetPO: veRL's v0 trainer (trainer.use_v1=false) ignores algorithm.filter_groups; a trainer that "
+                "filters in its own fit() (verl-recipe's RayDAPOTrainer) does so before the advantage step, where "
+                "SetPO cannot keep groups (keep_groups works on the v1 trainer)"
+            )
+        else:
+            log.info(
+                "SetPO: DAPO's filter_groups %s the groups SetPO's bonus sets apart (keep_groups)",
+                "keeps" if keep else "drops",
+            )
     v1 = config.trainer.get("v1") or {}
     passes = (v1.get(v1.get("trainer_mode", "sync")) or {}).get("parameter_sync_step", 1)
     if config.trainer.get("use_v1", True) and passes > 1 and settings.get("target_ratio") is not None:
@@ -247,6 +278,7 @@ def check_trainer(trainer_class) -> None:
     that moves one stops the run here, naming it, instead of training without SetPO or without its metrics."""
     from verl.trainer.ppo import padding_utils
     from verl.trainer.ppo.v1 import utils as v1_utils
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
     def refuse(what: str) -> NoReturn:
         raise RuntimeError(f"SetPO is enabled but {what}. Use veRL's own trainers (veRL 0.9.x), or disable SetPO.")
@@ -268,6 +300,10 @@ def check_trainer(trainer_class) -> None:
     if not getattr(step, "setpo_wrapped", False):
         refuse(
             f"{trainer_class.__name__}'s advantage step is not the plug-in's: this trainer would train without SetPO"
+        )
+    if not all(getattr(cls._dapo_filtered_keys, "setpo_wrapped", False) for cls in (ReplayBuffer, ReplayBufferAsync)):
+        refuse(
+            "veRL's ReplayBuffer._dapo_filtered_keys is not the plug-in's: DAPO's filter would drop what SetPO keeps"
         )
     if not getattr(v1_utils.MetricsAggregator._init_aggregation_rules, "setpo_wrapped", False):
         refuse("veRL's MetricsAggregator is not the plug-in's: with parameter_sync_step > 1 it would misreduce setpo/*")
@@ -432,10 +468,40 @@ def shape_transfer_queue(
     return metrics
 
 
+def kept_by_bonus(keys: list[str], partition_id: str, tokenizer, estimator: str, shaper: SetpoShaper) -> set[str]:
+    """v1, at DAPO's filter: of the groups it drops (keys: their rows, {uid}_{session}_{index}), the uids whose
+    shaped advantages would still differ (would_shape). Members and rewards as shape_transfer_queue will take them:
+    under "grpo" a session's final output, else each row; reward: rm_scores summed."""
+    import transfer_queue as tq
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+
+    if not keys:
+        return set()
+    fields = tq.kv_batch_get(
+        keys=keys, partition_id=partition_id, select_fields=["responses", "response_mask", "rm_scores"]
+    )
+    masks = fields["response_mask"].unbind()
+    texts = policy_texts(tokenizer, fields["responses"].unbind(), masks, masks)
+    rewards = [float(scores.sum()) for scores in fields["rm_scores"].unbind()]
+    finals: dict[tuple, tuple[int, int]] = {}  # (uid, member) -> (output index, row) of its final output
+    for row, key in enumerate(keys):
+        uid, session, index = key.rsplit("_", 2)
+        member = (uid, session if estimator == AdvantageEstimator.GRPO else key)
+        finals[member] = max(finals.get(member, (-1, -1)), (int(index), row))
+    groups: dict[str, list[int]] = {}
+    for (uid, _), (_, row) in finals.items():
+        groups.setdefault(uid, []).append(row)
+    return {
+        uid
+        for uid, rows in groups.items()
+        if would_shape(shaper, [texts[row] for row in rows], [rewards[row] for row in rows])
+    }
+
+
 def install() -> None:
     """Wrap veRL's advantage steps and trainer constructors (idempotent). Called when `import verl` loads this plug-in."""
     from verl.trainer.ppo import ray_trainer, rollout_corr_helper
-    from verl.trainer.ppo.v1 import trainer_base
+    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
     from verl.trainer.ppo.v1 import utils as v1_utils
 
     if getattr(ray_trainer.compute_advantage, "setpo_wrapped", False):
@@ -447,6 +513,8 @@ def install() -> None:
     original_method = trainer_base.PPOTrainer._compute_advantage
     original_v1_init = trainer_base.PPOTrainer.__init__
     original_v0_init = ray_trainer.RayPPOTrainer.__init__
+    original_build_buffer = trainer_base.PPOTrainer._build_replay_buffer
+    original_filter = replay_buffer.ReplayBuffer._dapo_filtered_keys
 
     def compute_rollout_correction_and_add_to_batch(batch, *args, **kwargs):
         # v0 trainers correct just before compute_advantage, rewriting response_mask: keep the rollout's, in the
@@ -482,7 +550,42 @@ def install() -> None:
         started = time.perf_counter() - decoding  # setpo/time_s: the plug-in's own work, not veRL's step between
         estimator = self.config.algorithm.adv_estimator
         metrics.update(shape_transfer_queue(batch, texts, estimator, shaper_for(settings), started))
+        if keeps_groups(settings) and (self.config.algorithm.get("filter_groups") or {}).get("enable", False):
+            # the groups DAPO's filter kept since the last pass (they were kept before the step sampled them)
+            metrics["setpo/kept_by_bonus"] = float(vars(self.replay_buffer).pop("setpo_kept_by_bonus", 0))
         return batch
+
+    def _build_replay_buffer(self):
+        buffer = original_build_buffer(self)
+        buffer.setpo_trainer = self  # the filter reads the trainer's config, and its tokenizer (made later)
+        return buffer
+
+    def _dapo_filtered_keys(self, partition_id: str):
+        uids, counts = original_filter(self, partition_id)
+        trainer = getattr(self, "setpo_trainer", None)  # None: a buffer the trainer did not build
+        settings = None if trainer is None or not uids else setpo_settings(trainer.config.algorithm)
+        if trainer is None or settings is None or not keeps_groups(settings):
+            return uids, counts
+        # veRL re-returns its cached verdicts every poll: decide each group once
+        dropped = vars(self).setdefault("setpo_dropped", {}).setdefault(partition_id, set())
+        dropped &= uids
+        shaper = shaper_for(settings)
+        fresh = uids - dropped
+        keys = [key for key in self.partitions[partition_id] if key.split("_")[0] in fresh]
+        try:
+            kept = kept_by_bonus(keys, partition_id, trainer.tokenizer, trainer.config.algorithm.adv_estimator, shaper)
+        except Exception as exc:  # a key function that raises: on_error decides, as for a step's scoring
+            if shaper.on_error == "fail":
+                raise
+            log.error("SetPO: could not tell which filtered groups to keep (%r); DAPO drops them", exc)
+            kept = set()
+        dropped |= fresh - kept
+        cache = self._dapo_classification_cache[partition_id]
+        for uid in kept:
+            counts[cache[uid]] -= 1
+            cache[uid] = None  # an ordinary sampleable group to veRL from now on
+        self.setpo_kept_by_bonus = getattr(self, "setpo_kept_by_bonus", 0) + len(kept)
+        return uids - kept, +counts
 
     def _init_aggregation_rules(self) -> dict[str, list[str]]:
         rules = original_rules(self)
@@ -508,6 +611,8 @@ def install() -> None:
         v0_init,
         compute_rollout_correction_and_add_to_batch,
         _init_aggregation_rules,
+        _build_replay_buffer,
+        _dapo_filtered_keys,
     )
     for wrapper in wrappers:
         wrapper.setpo_wrapped = True
@@ -518,6 +623,8 @@ def install() -> None:
     trainer_base.PPOTrainer.__init__ = v1_init
     ray_trainer.RayPPOTrainer.__init__ = v0_init
     v1_utils.MetricsAggregator._init_aggregation_rules = _init_aggregation_rules
+    trainer_base.PPOTrainer._build_replay_buffer = _build_replay_buffer
+    replay_buffer.ReplayBuffer._dapo_filtered_keys = _dapo_filtered_keys
 
 
 _tokenizers: dict[str, object] = {}

@@ -193,6 +193,14 @@ def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
         "(setpo/fallback_steps); fail = stop with the error",
     )
     setpo.add_argument(
+        "--setpo.keep_groups",
+        choices=["on", "off"],
+        default=None,
+        help="with --algo.dynamic_filtering_enable and --setpo.min_reward: keep the groups whose every response "
+        "reaches min_reward (all correct), which the filter's range would drop and where the scoped bonus acts, by "
+        "lifting the range's top to infinity (setpo/kept_by_bonus counts them); default: on with --setpo.min_reward",
+    )
+    setpo.add_argument(
         "--setpo.embed",
         choices=["response", "prompt_response"],
         default="response",
@@ -325,6 +333,20 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error(str(exc))
     if weight == 0:
         return  # SetPO off: plain OpenRLHF, no service needed
+    low, high = options["algo.dynamic_filtering_range"]
+    keep = options["setpo.keep_groups"] or ("on" if options["setpo.min_reward"] is not None else "off")
+    if keep == "on" and options["setpo.min_reward"] is None:
+        parser.error("--setpo.keep_groups on keeps the groups all of whose responses reach --setpo.min_reward: set it")
+    if keep == "on" and options["algo.dynamic_filtering_enable"] and high <= options["setpo.min_reward"]:
+        # OpenRLHF keeps a group only if low < its mean reward < high, inside its sampling loop (no seam to hook):
+        # an all-correct group's mean is >= min_reward >= high, so it would be dropped before SetPO sees it
+        options["algo.dynamic_filtering_range"] = [low, math.inf]
+        print(
+            f"setpo-train: --setpo.keep_groups on: --algo.dynamic_filtering_range {low} {high} -> {low} inf, so "
+            "that groups whose every response reaches --setpo.min_reward are kept and shaped (setpo/kept_by_bonus); "
+            "groups below the range are still dropped",
+            flush=True,
+        )
     check_openrlhf()
     if not url:
         parser.error("--setpo.weight > 0 needs the service: pass --setpo.url (or set SETPO_URL), or --setpo.weight 0")

@@ -13,6 +13,7 @@ The step's SetPO metrics ride in `experience.info` as one value per sample: Open
 over the batch and its trainer sends the result to W&B / TensorBoard as `train/setpo/...`, every step.
 """
 
+import math
 import time
 
 import torch
@@ -62,9 +63,10 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
 
         # experience.index holds each row's place in the rollout batch, where a prompt's n samples are
         # consecutive (OpenRLHF's group_norm reshapes them the same way). Dynamic filtering has already
-        # dropped whole groups before this point, so only kept groups are here and sent.
+        # dropped whole groups before this point (not the all-correct ones under --setpo.keep_groups on).
         total = sum(len(experience.index) for experience in experiences)
         texts, rewards, advantages = [""] * total, [0.0] * total, [0.0] * total
+        scores = [0.0] * total  # what dynamic filtering judged: the reward file's scores (else rewards), no penalty
         for experience in experiences:
             mask = experience.action_mask.float()  # (B, A)
             # a row's advantage as one number (for the weight controller and setpo/bonus_ratio): its mean over
@@ -79,6 +81,7 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
                 texts[index] = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 # the reward OpenRLHF's group step used: the reward function's, after its length penalties
                 rewards[index] = experience.rewards[row].item()
+                scores[index] = (experience.scores if experience.scores is not None else experience.rewards)[row].item()
                 advantages[index] = row_advantages[row].item()
         starts = range(0, total, n)  # each group's first row
         step = self.setpo.score(
@@ -88,6 +91,11 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
             started=start,
         )
 
+        algo, floor = self.args.algo, self.setpo.min_reward
+        if floor is not None and algo.dynamic_filtering_enable and math.isinf(algo.dynamic_filtering_range[1]):
+            # setpo-train lifted the range's top (--setpo.keep_groups): the groups it kept that way all reach min_reward
+            reaching = [all(score >= floor for score in scores[i : i + n]) for i in starts]
+            step.metrics["setpo/kept_by_bonus"] = float(sum(reaching))
         bonus = torch.tensor([b for group in step.bonus for b in group])  # (rollout rows,) the service's bonus
         for experience in experiences:
             row_bonus = bonus[experience.index].to(experience.advantages.dtype)  # (B,)
