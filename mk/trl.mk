@@ -11,7 +11,7 @@ $(TRL_STAMP): requirements/trl.lock clients/python/pyproject.toml services/train
 		-e 'services/trainer[data]' pytest pytest-timeout gguf accelerate,$(DATA_PACKAGES))
 
 test-trl: $(TRL_STAMP)
-	$(VENV_TRL)/bin/python -m pytest tests/integrations/trl $(PYTEST_ARGS) $(PYTEST_NONE_OK)
+	$(VENV_TRL)/bin/python -m pytest tests/integrations/trl $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 # Re-pin requirements/trl.lock from the current .venv-trl (everything but torch and our editables).
 lock-trl: $(TRL_STAMP)

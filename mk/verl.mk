@@ -12,7 +12,7 @@ $(VERL_STAMP): requirements/verl.lock clients/python/pyproject.toml services/tra
 		pytest pytest-timeout,-e services/embedding_server)
 
 test-verl: $(VERL_STAMP) $(STAMP)
-	$(VENV_VERL)/bin/python -m pytest -p no:cacheprovider tests/integrations/verl $(PYTEST_ARGS) $(PYTEST_NONE_OK)
+	$(VENV_VERL)/bin/python -m pytest -p no:cacheprovider tests/integrations/verl $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 # Re-pin requirements/verl.lock from the current .venv-verl (everything but torch and our editables).
 lock-verl: $(VERL_STAMP)

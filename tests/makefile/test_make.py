@@ -8,6 +8,7 @@ uses `.venv-x/bin/...` before `python -m venv .venv-x`: on a fresh machine that 
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,83 @@ def test_pytest_args_reach_every_suite():
     pytest_lines = [line for line in dry_run("test", "PYTEST_ARGS=-k readme -x") if "-m pytest" in line]
     assert len(pytest_lines) >= 6, pytest_lines
     assert all("-k readme -x" in line for line in pytest_lines), pytest_lines
+
+
+def make_value(variable: str) -> list[str]:
+    """A variable of the Makefile as make sees it once every mk/*.mk is read."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    out = subprocess.run(
+        ["make", "-s", "--eval", f"print-value: ; @echo $({variable})", "print-value"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+def test_make_test_times_every_suite_and_prints_the_summary_last():
+    lines = dry_run("test")
+    suites = make_value("TEST_TARGETS")
+    assert "test-service" in suites and len(suites) >= 6, suites
+    reset = lines.index("rm -f out/test-times.txt")
+    assert reset < next(i for i, line in enumerate(lines) if "ruff check" in line)
+    timed = [line for line in lines if "| tee -a out/test-times.txt; exit $rc" in line]
+    assert [line for line in timed if "-m pytest" in line] == timed, timed
+    assert [next(s for s in suites if f'echo "{s} $SECONDS s' in line) for line in timed] == suites, timed
+    assert lines[-1].endswith("cat out/test-times.txt"), lines[-1]
+
+
+def test_a_failing_suite_still_fails_make_and_its_time_is_kept(tmp_path):
+    rules = tmp_path / "suites.mk"
+    rules.write_text("passes:\n\ttrue $(SUITE_TIME)\nfails:\n\t(exit 3) $(SUITE_TIME)\n")
+    times = tmp_path / "times.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    run = subprocess.run(
+        ["make", "-s", "-f", "Makefile", "-f", str(rules), f"TEST_TIMES={times}", "passes", "fails"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0 and "Error 3" in run.stderr, run
+    passed, failed = times.read_text().splitlines()
+    assert re.fullmatch(r"passes \d+ s", passed) and re.fullmatch(r"fails \d+ s \(exit 3\)", failed), (passed, failed)
+
+
+def test_make_check_runs_lint_then_the_fast_tests_of_the_math_the_service_and_the_client():
+    lines = dry_run("check")
+    lint = [".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy"]
+    assert [line for line in lines if line in lint] == lint, lines
+    pytest_lines = [line for line in lines if "-m pytest" in line]
+    assert len(pytest_lines) == 1 and lines[-1] == pytest_lines[0] and lines.index(lint[-1]) < len(lines) - 1, lines
+    args = pytest_lines[0].split()
+    paths = [a for a in args if a.startswith("tests/")]
+    assert "tests/core" in paths
+    assert any(p.startswith("tests/client/") for p in paths) and any(p.startswith("tests/server/") for p in paths)
+    # the suites of real server processes stay in make test alone
+    assert not {
+        "tests/server/test_lifecycle.py",
+        "tests/server/test_supervision.py",
+        "tests/client/test_replicas.py",
+    } & set(paths)
+    # every path and every deselected test still exists: a renamed test would silently come back into the loop
+    deselected = [args[i + 1] for i, a in enumerate(args) if a == "--deselect"]
+    assert deselected, args
+    assert all((ROOT / p.split("::")[0]).exists() for p in paths + deselected), paths + deselected
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *deselected],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert collected.returncode == 0 and f"{len(deselected)} test" in collected.stdout, collected.stdout
+
+
+def test_pytest_args_reach_make_check():
+    (pytest_line,) = [line for line in dry_run("check", "PYTEST_ARGS=-k readme -x") if "-m pytest" in line]
+    assert pytest_line.endswith("-k readme -x || [ $? -eq 5 ]"), pytest_line
