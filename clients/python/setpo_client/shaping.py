@@ -193,8 +193,7 @@ class SetpoShaper:
             raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
         weight = self.weight
         scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
-        counts = {"unscored": 0, "small_scope": 0, "bad": 0, "cut": 0, "requests": 0, "span_missing": 0}
-        counts["retries"] = 0
+        counts = dict.fromkeys(("unscored", "small_scope", "bad", "cut", "requests", "retries", "span_missing"), 0)
         answered: list[tuple[int, GroupResult]] = []  # (group index, the service's answer) for every group sent
         failed = False
         if weight > 0 and groups:
