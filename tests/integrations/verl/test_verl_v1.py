@@ -14,7 +14,10 @@ from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.agent_loop_tq import list_of_dict_to_tensordict
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
+from setpo_server.local import LocalServer
 from setpo_trainer.models import smollm2_path
+
+from .conftest import ROOT_VENV_PYTHON
 
 ANSWERS = {"p0": ["48 / 2 = 24, so 72", "1.5 * 48 = 72", "48 / 2 = 24, so 72"], "p1": ["five", "2 + 3 = 5", "it is 5"]}
 REWARDS = {"p0": [1.0, 0.0, 1.0], "p1": [0.0, 1.0, 1.0]}
@@ -312,3 +315,29 @@ def test_after_verls_real_balance_padding_among_real_rows_is_left_out_and_a_lone
     )
     assert shaped["p2_0_0"] == base["p2_0_0"] and all(shaped[key] == 0 for key in padding)
     assert metrics["setpo/unscored_groups"] == 1 and metrics["setpo/scored_groups"] == 2
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    """A service that takes groups of at most 3 members."""
+    with LocalServer(command=[str(ROOT_VENV_PYTHON), "-m", "setpo_server.cli"], dtype="float32", max_group_size=3) as s:
+        yield s
+
+
+def test_a_group_of_more_outputs_than_the_service_takes_is_fitted_one_member_a_session(
+    transfer_queue, tokenizer, small_server, client
+):
+    """Issue 41, item 4: under rloo a session of 2 outputs makes p0 a group of 4, over the service's 3: the group is
+    scored as veRL's GRPO counts it, one member a session (its final output), the bonus on all the session's rows,
+    and counted; before, it went unscored on every step."""
+    first_turn = "let me think: 48 halves to 24"
+    rows = [("p0", 0, 0, first_turn, 0.0), ("p0", 0, 1, ANSWERS["p0"][0], 1.0)]
+    rows += [("p0", s, 0, ANSWERS["p0"][s], REWARDS["p0"][s]) for s in (1, 2)]
+    rows += [("p1", s, 0, text, REWARDS["p1"][s]) for s, text in enumerate(ANSWERS["p1"])]
+    base, shaped, metrics, _ = base_and_shaped(
+        transfer_queue, tokenizer, "fitted", rows=rows, url=small_server.url, estimator="rloo"
+    )
+    marginals = [g.marginals for g in client.diversity([{"texts": t} for t in ANSWERS.values()]).groups]
+    session_bonus = [marginals[0][0], *marginals[0], *marginals[1]]  # session 0's bonus on both of its rows
+    assert shaped == pytest.approx([b + WEIGHT * s for b, s in zip(base, session_bonus)], abs=1e-6)
+    assert metrics["setpo/fitted_groups"] == 1 and metrics["setpo/unscored_groups"] == 0

@@ -55,7 +55,8 @@ veRL 0.9.1 has two trainers and the plug-in wraps each at its advantage step:
   before rollout correction is kept by wrapping `compute_rollout_correction_and_add_to_batch`.
 A row's text is the policy's own turns (tool and environment output left out), one turn a line.
 Groups SetpoShaper cannot score (fewer than 3 scorable sessions, e.g. a failed session in sync mode; more than
-the service takes) get bonus 0 and are counted; service failures follow on_error (SetpoShaper's one policy).
+the service takes) get bonus 0 and are counted; under a per-output estimator, a group of more outputs than the
+service takes is first fitted to one member a session, its final output (setpo/fitted_groups); service failures follow on_error (SetpoShaper's one policy).
 
 At start, before any worker: the trainer's class really calls our advantage step and logs our metrics, the veRL
 internals we rely on are in place (check_trainer), veRL's version is the tested one, rollout.n >= 3, the
@@ -63,10 +64,12 @@ estimator is a group estimator, and the service is ready, accepts the key and sa
 while the command line enables SetPO stops the run instead of training without it.
 """
 
+import contextlib
 import inspect
 import logging
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -75,6 +78,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 
 from setpo_client.client import SetpoClient
+from setpo_client.errors import SetpoError
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
 from setpo_client.shaping import SetpoShaper, largest_group, would_shape
 
@@ -122,6 +126,7 @@ SUMMED_METRICS = (
     "setpo/span_missing",
     "setpo/time_s",
     "setpo/kept_by_bonus",
+    "setpo/fitted_groups",
 )
 LAST_METRICS = ("setpo/fallback_steps", "setpo/unscored_groups_total", "setpo/weight")
 _shapers: dict[tuple, SetpoShaper] = {}
@@ -259,12 +264,13 @@ def check_start(config, trainer_class) -> None:
     built_in = agent.get("default_agent_loop", "single_turn_agent") in ("single_turn_agent", "tool_agent")
     if estimator != "grpo" and (agent.get("agent_loop_config_path") or not built_in):
         # veRL's own loops give one output a session; a user's may give several, each a member under every
-        # estimator but grpo, and veRL's config does not say how many: only the run can (shaping logs any group
-        # the service cannot take, with its size)
+        # estimator but grpo, and veRL's config does not say how many: only the run can (shape_transfer_queue fits
+        # a group the service cannot take, counted)
         log.warning(
             "SetPO: with a custom agent loop and %s=%s a group holds %s=%d x the outputs a session returns; the "
-            "service takes at most %d members a group. Groups above that get no bonus (logged each step): raise "
-            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS) if your loop returns several outputs",
+            "service takes at most %d members a group. A group above that is fitted: one member a session, its "
+            "final output, as veRL's GRPO counts them (setpo/fitted_groups); raise SETPO_MAX_GROUP_SIZE (and "
+            "SETPO_MAX_REQUEST_ROWS) on the service to score every output",
             spell("estimator"),
             estimator,
             spell("group_size"),
@@ -452,6 +458,18 @@ def shape_transfer_queue(
             sessions.append((f"{uid}_{session}", int(index)))
         else:
             sessions.append((key, 0))
+    # a group of more outputs than the service takes (a loop's multi-output sessions under a per-output estimator)
+    # is fitted as veRL's GRPO takes it, one member a session (rollout.n of them: start() proved those fit)
+    if shaper.info is None and shaper.weight > 0:  # forgotten after a failed step: the limits are asked again
+        with contextlib.suppress(SetpoError):  # a failure here meets the step's scoring, under the fault policy
+            shaper.info = shaper.learn_info()
+    largest = largest_group(shaper.info.limits) if shaper.info is not None else None
+    outputs = Counter(uid for uid, session in zip(uids, sessions) if session is not None)
+    fitted = {uid for uid, count in outputs.items() if largest is not None and count > largest}
+    for row, key in enumerate(batch.keys):
+        if sessions[row] is not None and uids[row] in fitted:
+            uid, session, index = key.rsplit("_", 2)
+            sessions[row] = (f"{uid}_{session}", int(index))
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
     padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
     # v1's advantage step reads the reward model's rm_scores as veRL's token_level_scores
@@ -459,6 +477,7 @@ def shape_transfer_queue(
         fields["rm_scores"].to_padded_tensor(0.0), advantages, padded_mask
     )
     bonus, metrics = shape_sessions(texts, uids, sessions, rewards, row_advantages, shaper, started)
+    metrics["setpo/fitted_groups"] = float(len(fitted))
     shaped = advantages + bonus.to(advantages.dtype)[:, None] * padded_mask
     tq.kv_batch_put(
         keys=batch.keys,
