@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import httpx
@@ -55,6 +56,8 @@ JSON_HEADERS = {"content-type": "application/json"}
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 log = logging.getLogger("setpo_client")
+# what an attempt may raise that outcome() judges: the rest propagates as it is
+ATTEMPT_ERRORS = (httpx.TimeoutException, *RETRY_ERRORS, SetpoError)
 RECHECK_S = 1.0  # a replica left out is asked /ready again at most this often
 PROBE_TIMEOUT_S = 2.0  # ... and must answer within this: /ready never waits behind data work
 
@@ -165,12 +168,12 @@ def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
     if [m for m, _ in answers] != sizes or (v11 and [b for _, b in answers] != sizes):
         return f"sent {len(sizes)} groups of sizes {sizes}, got (marginals, bonus) lengths {answers}"
     numbers = {"weight": [result.weight or 0.0]}
-    for field in ("bonus", "marginals", "local_mass", "advantages", "set_score", "saturation"):
-        values = [getattr(group, field) for group in result.groups]
-        numbers[field] = [x for v in values if v is not None for x in (v if isinstance(v, list) else [v])]
-    for field, values in numbers.items():
+    for name in ("bonus", "marginals", "local_mass", "advantages", "set_score", "saturation"):
+        values = [getattr(group, name) for group in result.groups]
+        numbers[name] = [x for v in values if v is not None for x in (v if isinstance(v, list) else [v])]
+    for name, values in numbers.items():
         if not all(math.isfinite(x) for x in values):
-            return f"not a finite number in the answer's {field} ({next(x for x in values if not math.isfinite(x))})"
+            return f"not a finite number in the answer's {name} ({next(x for x in values if not math.isfinite(x))})"
     return None
 
 
@@ -280,16 +283,64 @@ class _ClientConfig:
                 f"the client's timeout ({self.timeout}) or the caller's deadline ({received} bytes received)"
             )
 
-    def before_retry(self, delay: float, deadline: float | None) -> bool:
-        """Whether a retry after `delay` seconds still fits the caller's deadline."""
-        return deadline is None or time.monotonic() + delay < deadline
+    def next_attempt(
+        self, call: "Call", deadline: float | None, avoid: Collection[str], only: str | None
+    ) -> tuple[str, float] | None:
+        """The replica of the call's next attempt and the seconds to wait before it (0 for a replica not yet tried
+        in this round), or None when none is left: `rounds` rounds done, or the wait would pass the deadline."""
+        url = self.pick(call.tried, avoid, only)
+        delay = 0.0
+        if url in call.tried:  # every replica this call may use failed in this round: the next waits its backoff
+            delay = backoff_delay(call.retries, self.backoff, self.max_backoff, call.retry_after)
+            if call.retries == call.rounds or (deadline is not None and time.monotonic() + delay >= deadline):
+                return None
+            call.retries, call.retry_after, call.tried = call.retries + 1, None, []
+        call.tried.append(url)
+        call.attempts += 1
+        return url, delay
 
-    def give_up(self, failure: httpx.Response | Exception | None, attempts: int) -> SetpoError:
-        if isinstance(failure, httpx.Response):
-            return api_error(failure)
+    def outcome(self, call: "Call", url: str, answer: httpx.Response | Exception, what: str) -> httpx.Response | None:
+        """An attempt's answer (or exception) to return, or None to try again (remembered as the call's failure);
+        raises, naming the replica, what is not retried: a timeout, an answer too large or too late, a non-2xx
+        other than 429/502/503/504 (a redirect too: this client never follows one)."""
+        if isinstance(answer, RETRY_ERRORS):
+            self.leave_out(url)
+            call.failure = answer
+            return None
+        if isinstance(answer, httpx.TimeoutException):
+            timeout = SetpoTimeoutError(f"{what} at {url}: no answer within the client timeout ({self.timeout})")
+            raise at_fault(timeout, url) from answer
+        if isinstance(answer, SetpoError):  # the answer was too large or too late
+            raise at_fault(answer, url) from None
+        if isinstance(answer, Exception):  # nothing else is caught (ATTEMPT_ERRORS)
+            raise answer
+        if answer.status_code not in RETRY_STATUSES:
+            if not answer.is_success:
+                raise at_fault(api_error(answer), url)
+            return answer
+        if answer.status_code == 503:  # not ready, or shedding load: ask the others meanwhile
+            self.leave_out(url)
+        call.failure, call.retry_after = answer, answer.headers.get("retry-after")
+        return None
+
+    def give_up(self, call: "Call") -> SetpoError:
+        if isinstance(call.failure, httpx.Response):
+            return api_error(call.failure)
         return SetpoConnectionError(
-            f"cannot reach the setpo server at {self.base_url} after {attempts} attempts: {failure!r}"
+            f"cannot reach the setpo server at {self.base_url} after {call.attempts} attempts: {call.failure!r}"
         )
+
+
+@dataclass
+class Call:
+    """One call's attempts over the replicas: `rounds` retry rounds allowed, the replicas tried in this round."""
+
+    rounds: int
+    tried: list[str] = field(default_factory=list)
+    retries: int = 0
+    attempts: int = 0
+    retry_after: str | None = None
+    failure: httpx.Response | Exception | None = None
 
 
 def at_fault(error: SetpoError, replica: str) -> SetpoError:
@@ -361,44 +412,23 @@ class SetpoClient(_ClientConfig):
     ) -> tuple[str, httpx.Response]:
         """(the replica that answered, its answer). `rounds`: retry rounds allowed (default max_retries)."""
         body = json_body(payload) if payload is not None else None
-        rounds = self.max_retries if rounds is None else rounds
-        retry_after: str | None = None
-        failure: httpx.Response | Exception | None = None
-        tried: list[str] = []
-        attempts = retries = 0
+        call = Call(self.max_retries if rounds is None else rounds)
         while True:
             for due in self.due():
                 self.probe(due)
-            url = self.pick(tried, avoid, only)
-            if url in tried:  # every replica this call may use failed in this round: the next waits its backoff
-                delay = backoff_delay(retries, self.backoff, self.max_backoff, retry_after)
-                if retries == rounds or not self.before_retry(delay, deadline):
-                    break
+            attempt = self.next_attempt(call, deadline, avoid, only)
+            if attempt is None:
+                raise at_fault(self.give_up(call), call.tried[-1])
+            url, delay = attempt
+            if delay:
                 time.sleep(delay)
-                retries, retry_after, tried = retries + 1, None, []
-            tried.append(url)
-            attempts += 1
             try:
-                response = self._attempt(url, method, path, body, deadline)
-            except RETRY_ERRORS as exc:
-                self.leave_out(url)
-                failure = exc
-                continue
-            except httpx.TimeoutException as exc:
-                timeout = SetpoTimeoutError(
-                    f"{method} {path} at {url}: no answer within the client timeout ({self.timeout})"
-                )
-                raise at_fault(timeout, url) from exc
-            except SetpoError as exc:  # the answer was too large or too late
-                raise at_fault(exc, url) from None
-            if response.status_code not in RETRY_STATUSES:
-                if not response.is_success:  # a redirect too: this client never follows one
-                    raise at_fault(api_error(response), url)
+                answer: httpx.Response | Exception = self._attempt(url, method, path, body, deadline)
+            except ATTEMPT_ERRORS as exc:
+                answer = exc
+            response = self.outcome(call, url, answer, f"{method} {path}")
+            if response is not None:
                 return url, response
-            if response.status_code == 503:  # not ready, or shedding load: ask the others meanwhile
-                self.leave_out(url)
-            failure, retry_after = response, response.headers.get("retry-after")
-        raise at_fault(self.give_up(failure, attempts), url)
 
     def probe(self, url: str, timeout: float | httpx.Timeout = PROBE_TIMEOUT_S) -> bool:
         try:
@@ -524,44 +554,23 @@ class AsyncSetpoClient(_ClientConfig):
     ) -> tuple[str, httpx.Response]:
         """SetpoClient._request, awaited."""
         body = json_body(payload) if payload is not None else None
-        rounds = self.max_retries if rounds is None else rounds
-        retry_after: str | None = None
-        failure: httpx.Response | Exception | None = None
-        tried: list[str] = []
-        attempts = retries = 0
+        call = Call(self.max_retries if rounds is None else rounds)
         while True:
             for due in self.due():
                 await self.probe(due)
-            url = self.pick(tried, avoid, only)
-            if url in tried:  # every replica this call may use failed in this round: the next waits its backoff
-                delay = backoff_delay(retries, self.backoff, self.max_backoff, retry_after)
-                if retries == rounds or not self.before_retry(delay, deadline):
-                    break
+            attempt = self.next_attempt(call, deadline, avoid, only)
+            if attempt is None:
+                raise at_fault(self.give_up(call), call.tried[-1])
+            url, delay = attempt
+            if delay:
                 await asyncio.sleep(delay)
-                retries, retry_after, tried = retries + 1, None, []
-            tried.append(url)
-            attempts += 1
             try:
-                response = await self._attempt(url, method, path, body, deadline)
-            except RETRY_ERRORS as exc:
-                self.leave_out(url)
-                failure = exc
-                continue
-            except httpx.TimeoutException as exc:
-                timeout = SetpoTimeoutError(
-                    f"{method} {path} at {url}: no answer within the client timeout ({self.timeout})"
-                )
-                raise at_fault(timeout, url) from exc
-            except SetpoError as exc:  # the answer was too large or too late
-                raise at_fault(exc, url) from None
-            if response.status_code not in RETRY_STATUSES:
-                if not response.is_success:  # a redirect too: this client never follows one
-                    raise at_fault(api_error(response), url)
+                answer: httpx.Response | Exception = await self._attempt(url, method, path, body, deadline)
+            except ATTEMPT_ERRORS as exc:
+                answer = exc
+            response = self.outcome(call, url, answer, f"{method} {path}")
+            if response is not None:
                 return url, response
-            if response.status_code == 503:  # not ready, or shedding load: ask the others meanwhile
-                self.leave_out(url)
-            failure, retry_after = response, response.headers.get("retry-after")
-        raise at_fault(self.give_up(failure, attempts), url)
 
     async def probe(self, url: str, timeout: float | httpx.Timeout = PROBE_TIMEOUT_S) -> bool:
         try:
