@@ -352,14 +352,7 @@ def shape_sessions(
     None for a row that is not part of any group (padding). A session's member of its uid's group is its final
     output (highest index; texts[row] None: not scorable), with that output's reward and advantage, as veRL's
     GRPO takes them; the session's bonus goes to all its rows. rewards, advantages: one number a row."""
-    finals: dict = {}  # session -> its final row
-    for row, session in enumerate(sessions):
-        if session is not None and (session[0] not in finals or sessions[finals[session[0]]][1] < session[1]):
-            finals[session[0]] = row
-    groups: dict = {}  # uid -> its sessions' final rows, in order of first appearance
-    for row in finals.values():
-        groups.setdefault(uids[row], []).append(row)
-    members = list(groups.values())
+    finals, members = session_groups(uids, sessions)
     step = shaper.score(
         [[texts[row] for row in group] for group in members],
         rewards=[[rewards[row] for row in group] for group in members],
@@ -369,6 +362,38 @@ def shape_sessions(
     of_final = {row: value for group, values in zip(members, step.bonus) for row, value in zip(group, values)}
     bonus = torch.tensor([of_final[finals[session[0]]] if session is not None else 0.0 for session in sessions])  # (B,)
     return bonus, step.metrics
+
+
+def row_sessions(keys: Sequence[str], tags: Sequence[dict], estimator: str) -> list[tuple | None]:
+    """Each row's (member, output index), the member being what veRL's estimator counts as one sample: under "grpo"
+    veRL's v1 step folds a multi-output session into its final output (utils.compute_advantage_for_multi_trajectories,
+    reading the agent loop's key {uid}_{session}_{index}), so a session is one member; every other estimator (rloo,
+    grpo_vectorized, ...) compares every output, so each row is. None for veRL's padding rows."""
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+
+    sessions: list[tuple | None] = []
+    for key, tag in zip(keys, tags):
+        if tag.get("is_padding", False):
+            sessions.append(None)
+        elif estimator == AdvantageEstimator.GRPO:
+            uid, session, index = key.rsplit("_", 2)
+            sessions.append((f"{uid}_{session}", int(index)))
+        else:
+            sessions.append((key, 0))
+    return sessions
+
+
+def session_groups(uids: Sequence, sessions: Sequence[tuple | None]) -> tuple[dict, list[list[int]]]:
+    """(member -> its final row (highest output index), the groups: per uid, its members' final rows in order of
+    first appearance)."""
+    finals: dict = {}
+    for row, session in enumerate(sessions):
+        if session is not None and (session[0] not in finals or sessions[finals[session[0]]][1] < session[1]):
+            finals[session[0]] = row
+    groups: dict = {}
+    for row in finals.values():
+        groups.setdefault(uids[row], []).append(row)
+    return finals, list(groups.values())
 
 
 def policy_texts(tokenizer, responses, generated_masks, trained_masks) -> list[str | None]:
@@ -430,9 +455,7 @@ def shape_transfer_queue(
     batch, texts: list[str | None], estimator: str, shaper: SetpoShaper, started: float
 ) -> dict[str, float]:
     """v1: read the step's fresh advantages from TransferQueue, shape, write back. texts: generated_texts().
-    A member of a prompt's group is what veRL's estimator counts as one sample: under "grpo" veRL's v1 step folds
-    a multi-output session into its final output (utils.compute_advantage_for_multi_trajectories), so a session
-    is one member; every other estimator (rloo, grpo_vectorized, ...) compares every output, so each row is."""
+    A member of a prompt's group is what veRL's estimator counts as one sample (row_sessions)."""
     import transfer_queue as tq
     from tensordict import TensorDict
     from verl.trainer.ppo.core_algos import AdvantageEstimator
@@ -449,15 +472,7 @@ def shape_transfer_queue(
         fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object
     ).tolist()
     tags = batch.tags or [{}] * len(batch.keys)
-    sessions: list[tuple | None] = []
-    for key, tag in zip(batch.keys, tags):
-        if tag.get("is_padding", False):
-            sessions.append(None)
-        elif estimator == AdvantageEstimator.GRPO:  # as veRL's GRPO reads the agent loop key {uid}_{session}_{index}
-            uid, session, index = key.rsplit("_", 2)
-            sessions.append((f"{uid}_{session}", int(index)))
-        else:
-            sessions.append((key, 0))
+    sessions = row_sessions(batch.keys, tags, estimator)
     # a group of more outputs than the service takes (a loop's multi-output sessions under a per-output estimator)
     # is fitted as veRL's GRPO takes it, one member a session (rollout.n of them: start() proved those fit)
     if shaper.info is None and shaper.weight > 0:  # forgotten after a failed step: the limits are asked again
@@ -466,10 +481,11 @@ def shape_transfer_queue(
     largest = largest_group(shaper.info.limits) if shaper.info is not None else None
     outputs = Counter(uid for uid, session in zip(uids, sessions) if session is not None)
     fitted = {uid for uid, count in outputs.items() if largest is not None and count > largest}
-    for row, key in enumerate(batch.keys):
-        if sessions[row] is not None and uids[row] in fitted:
-            uid, session, index = key.rsplit("_", 2)
-            sessions[row] = (f"{uid}_{session}", int(index))
+    if fitted:
+        as_grpo = row_sessions(batch.keys, tags, AdvantageEstimator.GRPO)
+        sessions = [
+            as_grpo[row] if uid in fitted else session for row, (uid, session) in enumerate(zip(uids, sessions))
+        ]
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
     padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
     # v1's advantage step reads the reward model's rm_scores as veRL's token_level_scores
@@ -489,10 +505,9 @@ def shape_transfer_queue(
 
 def kept_by_bonus(keys: list[str], partition_id: str, tokenizer, estimator: str, shaper: SetpoShaper) -> set[str]:
     """v1, at DAPO's filter: of the groups it drops (keys: their rows, {uid}_{session}_{index}), the uids whose
-    shaped advantages would still differ (would_shape). Members and rewards as shape_transfer_queue will take them:
-    under "grpo" a session's final output, else each row; reward: rm_scores summed."""
+    shaped advantages would still differ (would_shape). Members as the advantage step takes them (row_sessions);
+    reward: rm_scores summed."""
     import transfer_queue as tq
-    from verl.trainer.ppo.core_algos import AdvantageEstimator
 
     if not keys:
         return set()
@@ -502,17 +517,11 @@ def kept_by_bonus(keys: list[str], partition_id: str, tokenizer, estimator: str,
     masks = fields["response_mask"].unbind()
     texts = policy_texts(tokenizer, fields["responses"].unbind(), masks, masks)
     rewards = [float(scores.sum()) for scores in fields["rm_scores"].unbind()]
-    finals: dict[tuple, tuple[int, int]] = {}  # (uid, member) -> (output index, row) of its final output
-    for row, key in enumerate(keys):
-        uid, session, index = key.rsplit("_", 2)
-        member = (uid, session if estimator == AdvantageEstimator.GRPO else key)
-        finals[member] = max(finals.get(member, (-1, -1)), (int(index), row))
-    groups: dict[str, list[int]] = {}
-    for (uid, _), (_, row) in finals.items():
-        groups.setdefault(uid, []).append(row)
+    uids = [key.rsplit("_", 2)[0] for key in keys]
+    _, groups = session_groups(uids, row_sessions(keys, [{}] * len(keys), estimator))
     return {
-        uid
-        for uid, rows in groups.items()
+        uids[rows[0]]
+        for rows in groups
         if would_shape(shaper, [texts[row] for row in rows], [rewards[row] for row in rows])
     }
 
