@@ -2,11 +2,10 @@
 answers equal the serial path's; a replica killed mid-step, down, not ready or answering off the contract costs
 nothing but its own chunk's retry; and several URLs are spelled as OpenRLHF spells them (comma-separated)."""
 
-import json
 import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import ClassVar
 
 import httpx
@@ -16,6 +15,8 @@ from setpo_client import SetpoClient, SetpoError
 from setpo_client.client import RECHECK_S, replica_urls, strictest
 from setpo_client.shaping import SetpoShaper, fit_step
 from setpo_server.local import LocalServer, free_port
+from tests.client import test_shaper_distrust as distrust
+from tests.client.test_shaper_distrust import good_answer
 from tests.metrics import scrape
 
 # 24 prompts x 6 GSM8K-like responses: enough for several chunks, small enough for a 2-core machine
@@ -126,34 +127,17 @@ def test_under_fail_replicas_that_never_come_back_end_the_step_in_one_clear_erro
     assert ",".join(urls) in str(failure.value)  # the message names every replica it tried
 
 
-class Fake(BaseHTTPRequestHandler):
-    """A replica that says it is ready (or not, `ready`), gives a real replica's /info, and answers /v1/diversity
-    with `answer(body)`."""
+class Fake(distrust.Fake):
+    """test_shaper_distrust's fake service, as a replica that says it is ready or not (`ready`, the status of every
+    answer) and answers /v1/diversity with `answer(body)` when ready."""
 
-    info: ClassVar[dict] = {}
     ready: ClassVar[list[int]] = [200]
-    protocol_version = "HTTP/1.1"
 
     def do_GET(self):
         self.reply(self.ready[0], {"status": "ready"} if self.path == "/ready" else self.info)
 
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+    def diversity(self, body):
         self.reply(self.ready[0], self.answer(body) if self.ready[0] == 200 else {"error": {"message": "not ready"}})
-
-    def answer(self, body):
-        raise NotImplementedError
-
-    def reply(self, status, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
@@ -176,24 +160,11 @@ def fake(replicas):
         server.shutdown()
 
 
-def answer(body, bonus=0.1):
-    groups = [
-        {
-            "marginals": [0.1] * len(g["texts"]),
-            "local_mass": [0.5] * len(g["texts"]),
-            "set_score": -0.4,
-            "saturation": 0.0,
-            "scored": len(g["texts"]),
-            "bonus": [bonus] * len(g["texts"]),
-        }
-        for g in body["groups"]
-    ]
-    usage = {"texts": 0, "unique_texts": 0, "tokens": 0, "truncated": 0}
-    return {"model": "m", "groups": groups, "usage": usage, "weight": body.get("weight")}
-
-
 def nan_bonus(body):
-    return answer(body, bonus=float("nan"))
+    answer = good_answer(body)
+    for group in answer["groups"]:
+        group["bonus"] = [float("nan")] * len(group["bonus"])
+    return answer
 
 
 @pytest.mark.parametrize("on_error", ["skip", "fail"])
@@ -213,7 +184,7 @@ def test_an_answer_off_the_contract_from_the_only_replica_still_fails_the_step(f
 
 def test_a_replica_not_ready_is_left_out_until_it_answers_ready_again(replicas, fake, caplog):
     a = replicas[0]
-    late, handler = fake(answer, ready=503)
+    late, handler = fake(good_answer, ready=503)
     with SetpoClient(f"{late},{a.url}") as client:
         assert client.ready() and late in client.left_out  # one replica ready is enough; the other is left out
         before = served(a)

@@ -63,7 +63,7 @@ def good_answer(body) -> dict:
         "model": "m",
         "groups": groups,
         "usage": {"texts": 0, "unique_texts": 0, "tokens": 0, "truncated": 0},
-        "weight": body["weight"],
+        "weight": body.get("weight"),
     }
 
 
