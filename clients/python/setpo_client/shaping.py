@@ -10,6 +10,9 @@ timing and its SetPO metrics under one set of names.
     for group, bonus in zip(groups, step.bonus): advantages_of(group) += bonus   # the service's bonus
     logger.log(step.metrics)
 
+    pending = shaper.submit(texts_per_group, rewards=...)  # off the critical path: as soon as the texts exist ...
+    step = pending.result(advantages=...)                  # ... and wait only where the advantages are combined
+
 The diversity policy (contract v1.1; docs/diversity.md says how to choose it for a task):
 - `min_reward`: only responses whose reward reaches it are scored, among themselves; the others get 0;
 - `key`: a function text -> solution identity or None, sent as the group's `keys` ('hybrid' and 'key' kernels);
@@ -41,7 +44,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from statistics import fmean, pstdev
 from typing import Literal
@@ -59,6 +62,25 @@ MIN_GROUP = 3  # leave-one-out marginals need pairs left after removing one memb
 # Requests in flight per replica by default: a second one to the same process gains nothing, on a GPU or on CPU
 # cores its one model already uses (docs/benchmarks.md, sections 16 and 17).
 IN_FLIGHT_PER_REPLICA = 1
+
+
+@dataclass
+class PendingStep:
+    """A step submitted to SetpoShaper.submit: its members (copied), what its work found, and its work in flight."""
+
+    shaper: "SetpoShaper"
+    groups: list[list]
+    scorable: list[list[int]]
+    rewards: list[list[float]] | None
+    counts: dict[str, int]
+    weight: float
+    started: float
+    work: Future | None  # None: nothing to ask (weight 0, no groups)
+    submit_s: float = 0.0  # the caller's time from `started` to submit's return
+
+    def result(self, advantages: Sequence[Sequence[float]] | None = None) -> "ShapedStep":
+        """The step shaped, once: waits for its answers (see SetpoShaper.submit); advantages as for score()."""
+        return self.shaper.collect(self, advantages)
 
 
 @dataclass
@@ -113,6 +135,8 @@ class SetpoShaper:
         self.info: Info | None = None  # learned at the first step (or check()); forgotten after a failure
         self.fallback_steps = 0
         self.unscored_groups = 0
+        self.dropped_steps = 0  # submitted, never collected (submit)
+        self.pending: PendingStep | None = None  # the step submitted and not yet collected: at most one
         self.previous_start: float | None = None  # the previous step's start: one training step ago
 
     def start(
@@ -187,36 +211,87 @@ class SetpoShaper:
         min_reward. advantages: the same shape, the advantages the bonus is added to (for the controller and the
         setpo/bonus_ratio metric). keys: the same shape, solution keys when the caller knows them (default: the key
         function applied to each text). started: when the caller's SetPO work for this step began (decoding
-        included), for setpo/time_s; default now."""
+        included), for setpo/time_s; default now. The step's scoring is submitted and waited for at once."""
+        return self.submit(groups, rewards, keys, started).result(advantages)
+
+    def submit(
+        self,
+        groups: Sequence[Sequence],
+        rewards: Sequence[Sequence[float]] | None = None,
+        keys: Sequence[Sequence[str | None]] | None = None,
+        started: float | None = None,
+    ) -> "PendingStep":
+        """score() in two halves, so that the framework's own work hides SetPO's: submit as soon as the texts (and
+        the rewards, with min_reward) exist; the step's requests run on a thread of their own, and
+        `pending.result(advantages)` waits for them where the advantages are combined (setpo/wait_s: what the
+        caller blocked). The step's members are copied here, so the caller may reuse its lists. One step at a
+        time: submitting while an earlier step is uncollected waits for that step's thread and drops its answer
+        (logged, setpo/dropped_steps), so no thread outlives its step and no answer reaches another step."""
         start = time.perf_counter() if started is None else started
         if self.min_reward is not None and rewards is None:
             raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
-        weight = self.weight
-        scorable = [[row for row, member in enumerate(group) if member is not None] for group in groups]
+        if self.pending is not None:
+            self.drop(self.pending)
+        members = [list(group) for group in groups]
+        scores = None if rewards is None else [[float(r) for r in group] for group in rewards]
+        known = None if keys is None else [list(group) for group in keys]
+        scorable = [[row for row, member in enumerate(group) if member is not None] for group in members]
         counts = dict.fromkeys(("unscored", "small_scope", "bad", "cut", "requests", "retries", "span_missing"), 0)
-        answered: list[tuple[int, GroupResult]] = []  # (group index, the service's answer) for every group sent
-        failed = False
-        if weight > 0 and groups:
-            deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
+        weight, work = self.weight, None
+        if weight > 0 and members:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="setpo-step")
+            work = pool.submit(self.ask, members, scorable, scores, known, counts, weight)
+            pool.shutdown(wait=False)  # its one thread ends with the work, which the step's deadline bounds
+        self.pending = PendingStep(self, members, scorable, scores, counts, weight, start, work)
+        self.pending.submit_s = time.perf_counter() - start
+        return self.pending
+
+    def ask(
+        self,
+        groups: list[list],
+        scorable: list[list[int]],
+        rewards: list[list[float]] | None,
+        keys: list[list[str | None]] | None,
+        counts: dict[str, int],
+        weight: float,
+    ) -> tuple[list[tuple[int, GroupResult]], float]:
+        """A submitted step's work, on its own thread: (group index, the service's answer) for every group sent,
+        and the seconds it took."""
+        began = time.perf_counter()
+        deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
+        if self.info is None:
+            self.info = self.learn_info(deadline)
+        payloads = self.payloads(groups, scorable, rewards, keys, counts)  # 1. what can be scored
+        envelope = {"groups": [], "weight": weight, "kernel": self.kernel, "normalize": self.normalize}
+        if self.min_reward is not None:
+            envelope["min_reward"] = self.min_reward
+        in_flight = self.in_flight or IN_FLIGHT_PER_REPLICA * len(self.client.urls)
+        in_flight = min(in_flight, (self.info.limits.max_concurrent_requests or in_flight) * len(self.client.urls))
+        batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
+            payloads, self.info, envelope, self.max_chars, in_flight
+        )
+        answered = self.send(batches, weight, counts, deadline, in_flight)  # 3. the service's answers
+        return answered, time.perf_counter() - began
+
+    def collect(self, step: "PendingStep", advantages: Sequence[Sequence[float]] | None) -> ShapedStep:
+        """PendingStep.result: waits for the step's answers, then applies the fault policy, puts the bonus back
+        onto the members, steps the controller and times the step."""
+        if step is not self.pending:
+            raise RuntimeError("this step's SetPO scoring was collected already, or dropped for a later step's")
+        self.pending = None
+        waiting = time.perf_counter()
+        answered: list[tuple[int, GroupResult]] = []
+        failed, work_s = False, 0.0
+        if step.work is not None:
             try:
-                if self.info is None:
-                    self.info = self.learn_info(deadline)
-                payloads = self.payloads(groups, scorable, rewards, keys, counts)  # 1. what can be scored
-                envelope = {"groups": [], "weight": weight, "kernel": self.kernel, "normalize": self.normalize}
-                if self.min_reward is not None:
-                    envelope["min_reward"] = self.min_reward
-                in_flight = self.in_flight or IN_FLIGHT_PER_REPLICA * len(self.client.urls)
-                in_flight = min(
-                    in_flight, (self.info.limits.max_concurrent_requests or in_flight) * len(self.client.urls)
-                )
-                batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
-                    payloads, self.info, envelope, self.max_chars, in_flight
-                )
-                answered = self.send(batches, weight, counts, deadline, in_flight)  # 3. the service's answers
+                answered, work_s = step.work.result()
             except Exception as exc:
+                work_s = time.perf_counter() - waiting
                 self.fall_back(exc)  # 4. the fault policy: stop, or this step with lambda = 0
                 failed = True
+        blocked = time.perf_counter() - waiting
 
+        groups, scorable, counts, weight = step.groups, step.scorable, step.counts, step.weight
         bonus = [[0.0] * len(group) for group in groups]  # 5. the service's bonus back onto the members sent
         found: list[list[float] | None] = [None] * len(groups)
         for index, result in answered:
@@ -226,16 +301,34 @@ class SetpoShaper:
         marginals = None if failed or weight == 0 else found  # None: nothing was asked of the service
 
         self.unscored_groups += counts["unscored"]  # 6. metrics, the controller's next lambda, the step's time
-        metrics = self.step_metrics(groups, scorable, rewards, advantages, bonus, answered, counts, weight, marginals)
+        metrics = self.step_metrics(
+            groups, scorable, step.rewards, advantages, bonus, answered, counts, weight, marginals
+        )
         if self.controller is not None and marginals is not None:
             self.controller.update(metrics["setpo/bonus_rms"], metrics.get("setpo/advantage_rms", 0.0))
             self.weight = self.controller.weight
         now = time.perf_counter()
-        metrics["setpo/time_s"] = now - start
+        after = now - waiting - blocked
+        # time_s: SetPO's own work (the caller's before submit, the requests, this); wait_s: what of it blocked
+        metrics["setpo/time_s"] = step.submit_s + work_s + after
+        metrics["setpo/wait_s"] = step.submit_s + blocked + after
         if self.previous_start is not None:  # a whole training step: from the previous step's start to now
-            metrics["setpo/time_share"] = metrics["setpo/time_s"] / (now - self.previous_start)
-        self.previous_start = start
+            metrics["setpo/time_share"] = metrics["setpo/wait_s"] / (now - self.previous_start)
+        self.previous_start = step.started
         return ShapedStep(bonus, marginals, metrics)
+
+    def drop(self, step: "PendingStep") -> None:
+        """An uncollected step, before the next one starts: its thread is waited for (bounded by its deadline) and
+        its answer dropped."""
+        self.pending = None
+        self.dropped_steps += 1
+        if step.work is not None:
+            wait([step.work])
+        log.warning(
+            "SetPO: a step's scoring was submitted and never collected; dropped before the next step's "
+            "(%d dropped so far)",
+            self.dropped_steps,
+        )
 
     def payloads(
         self,
@@ -381,6 +474,7 @@ class SetpoShaper:
             "setpo/active": 1.0 if any(result.scored for _, result in scored) else 0.0,
             "setpo/weight": weight if marginals is not None else 0.0,  # the lambda this step applied
             "setpo/fallback_steps": float(self.fallback_steps),
+            "setpo/dropped_steps": float(self.dropped_steps),
             "setpo/unscored_groups": float(counts["unscored"]),
             "setpo/unscored_groups_total": float(self.unscored_groups),
             "setpo/small_scope_groups": float(counts["small_scope"]),
