@@ -1,5 +1,6 @@
 """Validate the custom resources of rendered Kubernetes manifests against our own schemas (deploy/schemas/):
-KubeRay's RayJob and the Prometheus Operator's ServiceMonitor, whose CRDs are not available offline.
+KubeRay's RayJob, the Prometheus Operator's ServiceMonitor and KEDA's ScaledObject, whose CRDs are not available
+offline.
 
     kubectl kustomize deploy/k8s/rayjob | python deploy/validate_crds.py -
     python deploy/validate_crds.py rendered.yaml [more.yaml ...]
@@ -27,6 +28,7 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 CUSTOM_KINDS = {
     ("ray.io/v1", "RayJob"): "rayjob.schema.yaml",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.schema.yaml",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.schema.yaml",
 }
 # The oldest Kubernetes the manifests are meant for; pod templates are checked against its schema.
 KUBERNETES_VERSION = "1.30"

@@ -124,3 +124,17 @@ def server_setting_names() -> set[str]:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
     }
     return {f"SETPO_{name.upper()}" for name in fields if name != "model_config"}
+
+
+def exported_metrics() -> dict[str, str]:
+    """Every metric setpo-server exports, name -> kind (Gauge, Counter, Histogram), read from its metrics module (no
+    prometheus_client here); a Histogram's series are its name plus _bucket, _sum and _count."""
+    tree = ast.parse((ROOT / "services/embedding_server/setpo_server/metrics.py").read_text())
+    return {
+        node.args[0].value: node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Gauge", "Counter", "Histogram")
+        and isinstance(node.args[0], ast.Constant)
+    }

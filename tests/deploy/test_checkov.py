@@ -1,4 +1,4 @@
-"""checkov on the rendered manifests (each overlay with the monitoring component, and the RayJob) and on every
+"""checkov on the rendered manifests (each overlay with the monitoring and KEDA components, and the RayJob) and on every
 Dockerfile. The checks that fail without skips must be exactly those in deploy/lint-skips.yaml: a new finding
 fails the suite, and so does a skip that no longer fires. A broken copy must produce a finding."""
 
@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.checks import DOCKERFILES, OVERLAYS, ROOT, SKIPS, checkov, kustomize
-from tests.deploy.test_k8s import K8S, with_monitoring
+from tests.deploy.test_k8s import K8S, with_components
 
 
 def rendered_files(tmp_path: Path) -> list[Path]:
-    """Each overlay with the monitoring component, and the RayJob, rendered to files for checkov."""
+    """Each overlay with the monitoring and KEDA components, and the RayJob, rendered to files for checkov."""
     files = []
-    for target, directory in [(o, with_monitoring(tmp_path / o.replace("/", "-"), o)) for o in OVERLAYS] + [
-        ("rayjob", K8S / "rayjob")
-    ]:
+    overlays = [(o, with_components(tmp_path / o.replace("/", "-"), o, "monitoring", "keda")) for o in OVERLAYS]
+    for target, directory in overlays + [("rayjob", K8S / "rayjob")]:
         result = kustomize(directory)
         assert result.returncode == 0, result.stderr
         files.append(tmp_path / f"{target.replace('/', '-')}.yaml")

@@ -52,7 +52,8 @@ def test_gpu_service_reserves_a_gpu_and_trainer_waits_until_it_is_ready():
     assert any("gpu" in device["capabilities"] for device in devices)
     trainer = services["trainer"]
     assert trainer["depends_on"]["setpo-server"]["condition"] == "service_healthy"
-    assert trainer["environment"]["SETPO_URL"] == "http://setpo-server:8000"  # the service by its compose name
+    # the service by its compose name, resolved by the client to every replica's address (--scale)
+    assert trainer["environment"]["SETPO_URL"] == "dns:///setpo-server:8000"
     # a Ray head, then the recipe named by SETPO_RECIPE ($$ is compose's escape: the shell expands it)
     assert trainer["entrypoint"] == ["bash", "-c"]
     assert trainer["command"][0].startswith("ray start --head ")
@@ -64,9 +65,22 @@ def test_cpu_profile_runs_the_bandit_against_the_cpu_service():
     services = config("cpu")["services"]
     bandit = services["bandit"]
     assert bandit["build"]["target"] == "experiments"
-    assert bandit["command"][:2] == ["--url", "http://setpo-server-cpu:8000"]
+    assert bandit["command"][:2] == ["--url", "dns:///setpo-server-cpu:8000"]
     assert "setpo-server-cpu" in bandit["depends_on"]
     assert "deploy" not in services["setpo-server-cpu"], "the CPU profile must not reserve a GPU"
+
+
+@pytest.mark.parametrize("published, expected", [("", None), ("8123", "8123")], ids=["scalable", "fixed"])
+def test_an_empty_publish_port_lets_the_servers_scale(tmp_path, published, expected):
+    """`SETPO_PUBLISH_PORT= docker compose up --scale setpo-server-cpu=2`: no fixed host port (two replicas cannot
+    share one), each on a free 127.0.0.1 port; a port given, or the default 8000, is published as before."""
+    env_file = tmp_path / "setpo.env"
+    env_file.write_text(ENV_EXAMPLE.read_text() + f"SETPO_PUBLISH_PORT={published}\n")
+    for profile, name in (("cpu", "setpo-server-cpu"), ("gpu", "setpo-server")):
+        (port,) = config(profile, env_file)["services"][name]["ports"]
+        assert (port["host_ip"], port["target"], port.get("published")) == ("127.0.0.1", 8000, expected)
+    (port,) = config("cpu")["services"]["setpo-server-cpu"]["ports"]
+    assert port["published"] == "8000"
 
 
 def test_every_server_setting_passes_through_from_env():

@@ -17,6 +17,7 @@ from tests.deploy.checks import (
     OVERLAYS,
     ROOT,
     documents,
+    exported_metrics,
     find,
     kubernetes_validate,
     kustomize,
@@ -28,12 +29,14 @@ K8S = ROOT / "deploy/k8s"
 RECIPES = ROOT / "services/trainer/recipes"
 
 
-def with_monitoring(tmp_path: Path, overlay: str) -> Path:
-    """A copy of deploy/k8s whose overlay has the monitoring component, as `kustomize edit add component` does."""
+def with_components(tmp_path: Path, overlay: str, *components: str, k8s: Path = K8S) -> Path:
+    """A copy of deploy/k8s (or of `k8s`) whose overlay has these components, as `kustomize edit add component` adds
+    them."""
     copy = tmp_path / "k8s"
-    shutil.copytree(K8S, copy)
+    shutil.copytree(k8s, copy)
     kustomization = copy / overlay / "kustomization.yaml"
-    kustomization.write_text(kustomization.read_text() + "components:\n  - ../../components/monitoring\n")
+    listed = "".join(f"  - ../../components/{component}\n" for component in components)
+    kustomization.write_text(kustomization.read_text() + "components:\n" + listed)
     return copy / overlay
 
 
@@ -47,18 +50,18 @@ def render(directory: Path) -> str:
 def rendered(tmp_path_factory) -> dict[str, str]:
     tmp = tmp_path_factory.mktemp("k8s")
     out = {overlay: render(K8S / overlay) for overlay in OVERLAYS}
-    out.update(
-        {
-            f"{overlay}+monitoring": render(with_monitoring(tmp / overlay.replace("/", "-"), overlay))
-            for overlay in OVERLAYS
-        }
-    )
+    for overlay in OVERLAYS:
+        out[f"{overlay}+monitoring"] = render(with_components(tmp / overlay.replace("/", "-"), overlay, "monitoring"))
+        keda = with_components(tmp / f"{overlay.replace('/', '-')}-keda", overlay, "monitoring", "keda")
+        out[f"{overlay}+keda"] = render(keda)
     out["rayjob"] = render(K8S / "rayjob")
     return out
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("target", [*OVERLAYS, *(f"{o}+monitoring" for o in OVERLAYS), "rayjob"])
+@pytest.mark.parametrize(
+    "target", [*OVERLAYS, *(f"{o}+monitoring" for o in OVERLAYS), *(f"{o}+keda" for o in OVERLAYS), "rayjob"]
+)
 def test_manifests_pass_strict_validation(rendered, target, version):
     result = kubernetes_validate(rendered[target], version)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -73,6 +76,18 @@ def test_custom_resources_are_what_we_expect(rendered):
     assert not [d for d in documents(rendered["overlays/gpu"]) if d["kind"] == "ServiceMonitor"], (
         "the ServiceMonitor is opt-in"
     )
+    for overlay in OVERLAYS:
+        assert find(documents(rendered[f"{overlay}+keda"]), "ScaledObject")
+        assert not [d for d in documents(rendered[overlay]) if d["kind"] == "ScaledObject"], "KEDA is opt-in"
+
+
+@pytest.mark.parametrize("target", [*OVERLAYS, *(f"{o}+keda" for o in OVERLAYS), "rayjob"])
+def test_every_namespaced_object_is_in_the_setpo_namespace(rendered, target):
+    """The overlays' own objects (the gpu overlay's model volume) and the components' too: one left without a
+    namespace lands in the caller's current one, where the pods never see it."""
+    for doc in documents(rendered[target]):
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"].get("namespace") == "setpo", f"{target}: {doc['kind']}/{doc['metadata']['name']}"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -145,6 +160,59 @@ def test_service_hpa_and_pdb_point_at_the_server(rendered, overlay):
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
+# --- autoscaling on the service's queue (KEDA) --------------------------------------------------------------------
+
+
+def queue_metrics(scaled_object: dict) -> list[str]:
+    """The setpo metric names each trigger's Prometheus query reads."""
+    return [
+        name for t in scaled_object["spec"]["triggers"] for name in re.findall(r"setpo_\w+", t["metadata"]["query"])
+    ]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_keda_scales_the_deployment_on_a_queue_gauge_the_service_exports(rendered, overlay):
+    """With components/keda: one autoscaler (KEDA's; the base HPA removed), within the overlay's bounds, on a
+    Prometheus query of a gauge setpo-server really exports, as the ServiceMonitor's scrape labels it."""
+    docs = documents(rendered[f"{overlay}+keda"])
+    assert not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"], "two autoscalers would fight"
+    scaled = find(docs, "ScaledObject", "setpo-server")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == find(docs, "Deployment")["metadata"]["name"]
+    hpa = find(documents(rendered[overlay]), "HorizontalPodAutoscaler", "setpo-server")  # the overlay's bounds
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (
+        hpa["spec"]["minReplicas"],
+        hpa["spec"]["maxReplicas"],
+    )
+    exported = exported_metrics()
+    assert queue_metrics(scaled) == ["setpo_queue_tokens"]
+    assert all(exported.get(name) == "Gauge" for name in queue_metrics(scaled)), f"not exported as a gauge: {exported}"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert float(trigger["metadata"]["threshold"]) > 0
+    query = trigger["metadata"]["query"]
+    assert 'namespace="setpo"' in query and f'service="{find(docs, "ServiceMonitor")["metadata"]["name"]}"' in query
+
+
+def test_a_scaled_object_on_a_metric_the_service_does_not_export_fails(tmp_path):
+    copy = broken_copy(tmp_path, "components/keda/scaledobject.yaml", "setpo_queue_tokens{", "setpo_queue_token{")
+    scaled = find(
+        documents(render(with_components(tmp_path / "keda", "overlays/cpu", "keda", k8s=copy))), "ScaledObject"
+    )
+    assert [name for name in queue_metrics(scaled) if name not in exported_metrics()] == ["setpo_queue_token"]
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [("  minReplicaCount: 2", "  minReplicas: 2"), ('threshold: "16384"', "threshold: 16384")],
+    ids=["hpa-field-name", "unquoted-threshold"],
+)
+def test_a_broken_scaled_object_fails_kedas_schema(tmp_path, old, new):
+    copy = broken_copy(tmp_path, "components/keda/scaledobject.yaml", old, new)
+    rendered = render(with_components(tmp_path / "keda", "overlays/cpu", "monitoring", "keda", k8s=copy))
+    result = validate_crds(rendered)
+    assert result.returncode == 1 and "ScaledObject" in result.stdout, f"KEDA's schema accepted {new.strip()!r}"
+
+
 def test_network_policy_lets_in_only_the_trainer(rendered):
     server_pods = find(documents(rendered["overlays/gpu"]), "Deployment", "setpo-server")["spec"]["template"][
         "metadata"
@@ -172,15 +240,34 @@ def test_network_policy_lets_in_only_the_trainer(rendered):
 def test_service_monitor_scrapes_the_service_metrics_port(rendered):
     docs = documents(rendered["overlays/cpu+monitoring"])
     monitor, service = find(docs, "ServiceMonitor"), find(docs, "Service", "setpo-server")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    selected = [
+        d
+        for d in docs
+        if d["kind"] == "Service"
+        and monitor["spec"]["selector"]["matchLabels"].items() <= d["metadata"]["labels"].items()
+    ]
+    assert selected == [service], "one Service scraped: through the headless one too, every pod would count twice"
     assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_headless_service_names_every_ready_server_pod(rendered, overlay):
+    """Issue 39.2: one A record per ready pod, which a client given dns:///<name> resolves and spreads a step over
+    (kube-proxy's per-connection balance of the ClusterIP Service can put a step's connections on one pod)."""
+    docs = documents(rendered[overlay])
+    pods = find(docs, "Deployment", "setpo-server")["spec"]["template"]
+    headless, service = find(docs, "Service", "setpo-server-pods"), find(docs, "Service", "setpo-server")
+    assert headless["spec"]["clusterIP"] == "None" and service["spec"]["type"] == "ClusterIP"
+    assert not headless["spec"].get("publishNotReadyAddresses"), "only pods whose /ready answers 200"
+    assert headless["spec"]["selector"].items() <= pods["metadata"]["labels"].items()
+    assert headless["spec"]["ports"] == service["spec"]["ports"]
+
+
 def test_rayjob_runs_a_recipe_against_the_service_dns_name(rendered):
-    service = find(documents(rendered["overlays/gpu"]), "Service", "setpo-server")
+    service = find(documents(rendered["overlays/gpu"]), "Service", "setpo-server-pods")
     port = service["spec"]["ports"][0]["port"]
-    dns = f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:{port}"
+    dns = f"dns:///{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:{port}"
     rayjob = find(documents(rendered["rayjob"]), "RayJob")
     assert rayjob["metadata"]["namespace"] == service["metadata"]["namespace"], (
         "the NetworkPolicy's podSelector only matches its own namespace"
@@ -252,8 +339,8 @@ def test_a_broken_manifest_fails_strict_validation(tmp_path, relative, old, new)
             "              imagePullPolicy: IfNotPresent\n              restartPolicy: Always\n              gpus: 8",
         ),  # not a container field
         (
-            "      SETPO_URL: http://setpo-server",
-            "      SETPO_URL: [http://setpo-server",
+            "      SETPO_URL: dns:///setpo-server",
+            "      SETPO_URL: [dns:///setpo-server",
         ),  # runtimeEnvYAML no longer YAML
     ],
     ids=[

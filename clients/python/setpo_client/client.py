@@ -15,6 +15,12 @@ Several replicas: `SetpoClient("http://a:8000,http://b:8000")` (or SETPO_URL so 
 reached, or answers 503, is left out until it answers /ready again (asked at most every RECHECK_S seconds); a failed
 attempt moves to a replica not yet tried in this call at once, and only a round in which every replica failed waits
 its backoff (max_retries counts such rounds). /info is the strictest of the replicas that answer.
+
+One name for several replicas: `dns:///setpo-server:8000` (gRPC's spelling) is resolved to all its addresses (a
+headless Service, compose's service name: one A record per pod) and each address is a replica, asked with the name as
+its Host; the name is resolved again at most every RESOLVE_S seconds, so pods an autoscaler adds are used and removed
+ones dropped. A plain http:// URL is connected to as it is: behind a per-connection balancer (a ClusterIP Service)
+a step's few long-lived connections may all land on one pod (docs/deployment.md measures it).
 """
 
 import asyncio
@@ -23,9 +29,10 @@ import logging
 import math
 import os
 import random
+import socket
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -60,6 +67,28 @@ log = logging.getLogger("setpo_client")
 ATTEMPT_ERRORS = (httpx.TimeoutException, *RETRY_ERRORS, SetpoError)
 RECHECK_S = 1.0  # a replica left out is asked /ready again at most this often
 PROBE_TIMEOUT_S = 2.0  # ... and must answer within this: /ready never waits behind data work
+RESOLVE_S = 5.0  # a dns:/// name is resolved again at most this often (the TTL of a headless Service's records)
+RESOLVED = "dns:///"
+Resolver = Callable[[str, int], list[str]]  # (host, port) -> its addresses
+
+
+def addresses(host: str, port: int) -> list[str]:
+    """Every address the system resolver (getaddrinfo: /etc/hosts, then DNS) gives the name, each once, in its order."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in found))
+
+
+def resolved_name(spelled: str) -> httpx.URL | None:
+    """The http URL a `dns:///name:port[/path]` replica stands for, or None for a plain URL. Plain http only: TLS to
+    an address would need the certificate checked against the name, which this client does not do."""
+    if not spelled.startswith("dns"):
+        return None
+    if not spelled.startswith(RESOLVED) or "://" in spelled[len(RESOLVED) :]:
+        raise ValueError(
+            f"setpo service URL {spelled!r}: spell a name to resolve as dns:///host:port[/path] (plain http; no DNS "
+            "server in the authority, no TLS: for https give the replicas' URLs, comma-separated)"
+        )
+    return httpx.URL("http://" + spelled[len(RESOLVED) :])
 
 
 def replica_urls(spelled: str) -> list[str]:
@@ -69,6 +98,8 @@ def replica_urls(spelled: str) -> list[str]:
         raise ValueError(
             f"setpo service URL(s) {spelled!r}: give one base URL or several distinct ones, comma-separated"
         )
+    for url in urls:
+        resolved_name(url)  # a wrong dns: spelling is refused here, at construction
     return urls
 
 
@@ -184,8 +215,8 @@ def embeddings_payload(input: str | Sequence[str], encoding_format: str, dimensi
 
 
 class _ClientConfig:
-    """What both clients share: where the replicas are and which are left out, how to authenticate, how hard to
-    retry, and which replica an attempt goes to."""
+    """What both clients share: where the replicas are (a dns:/// name's addresses included) and which are left out,
+    how to authenticate, how hard to retry, and which replica an attempt goes to."""
 
     def __init__(
         self,
@@ -196,9 +227,16 @@ class _ClientConfig:
         backoff: float,
         max_backoff: float,
         max_response_bytes: int,
+        resolver: Resolver,
     ):
-        self.urls = replica_urls(base_url or os.environ.get("SETPO_URL") or DEFAULT_URL)
-        self.base_url = ",".join(self.urls)
+        self.spelled = replica_urls(base_url or os.environ.get("SETPO_URL") or DEFAULT_URL)
+        self.base_url = ",".join(self.spelled)
+        self.resolver = resolver
+        # replica URL -> (the spelled URL whose connections it uses, the Host it is asked as: a resolved name's)
+        self.route: dict[str, tuple[str, dict[str, str]]] = {url: (url, {}) for url in self.spelled}
+        self.urls = list(self.spelled)
+        self.names = [url for url in self.spelled if resolved_name(url) is not None]
+        self.resolve_at = 0.0  # when the names are next resolved
         api_key = api_key if api_key is not None else os.environ.get("SETPO_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
@@ -207,6 +245,49 @@ class _ClientConfig:
         self.in_flight = dict.fromkeys(self.urls, 0)
         self.sent = dict.fromkeys(self.urls, 0)
         self.left_out: dict[str, float] = {}  # replica -> when its /ready is next asked
+        if self.resolve_due():
+            self.resolve()
+
+    def resolve_due(self) -> bool:
+        """True for the one caller that resolves the dns:/// names now (never, without one)."""
+        now = time.monotonic()
+        with self.lock:
+            if not self.names or self.resolve_at > now:
+                return False
+            self.resolve_at = now + RESOLVE_S
+        return True
+
+    def resolve(self) -> None:
+        """The replicas anew: plain URLs as given, each dns:/// name's current addresses (a name that does not
+        resolve keeps the addresses it had, or stands for itself until it has some: a connection to it then fails
+        and is retried like any other). Blocking: the async client runs it in a thread."""
+        urls: list[str] = []
+        route: dict[str, tuple[str, dict[str, str]]] = {}
+        for spelled in self.spelled:
+            name = resolved_name(spelled)
+            if name is None:
+                urls.append(spelled)
+                route[spelled] = (spelled, {})
+                continue
+            try:
+                found = [str(name.copy_with(host=address)) for address in self.resolver(name.host, name.port or 80)]
+            except OSError as exc:
+                found = [url for url in self.urls if self.route[url][0] == spelled] or [str(name)]
+                log.warning("setpo replica name %s does not resolve (%s): keeping %s", spelled, exc, found)
+            for url in (url.rstrip("/") for url in found):
+                if url not in route:  # two names with one address: one replica
+                    urls.append(url)
+                    route[url] = (spelled, {"host": name.netloc.decode()})
+        with self.lock:
+            if urls != self.urls:
+                log.info("setpo replicas now %s (were %s)", urls, self.urls)
+            self.route.update(route)
+            for url in urls:
+                self.in_flight.setdefault(url, 0)
+                self.sent.setdefault(url, 0)
+            for url in set(self.left_out) - set(urls):  # gone from the name: never asked /ready again
+                del self.left_out[url]
+            self.urls = urls
 
     def pick(self, tried: Collection[str], avoid: Collection[str] = (), only: str | None = None) -> str:
         """The replica for the next attempt: one not tried in this call, not left out, with the fewest requests in
@@ -365,7 +446,8 @@ class SetpoClient(_ClientConfig):
     Thread-safe: a step's requests may be in flight from several threads.
 
     url defaults to the SETPO_URL environment variable (else http://127.0.0.1:8000), api_key to SETPO_API_KEY, as in
-    every plug-in and the docs; several replicas are several URLs, comma-separated.
+    every plug-in and the docs; several replicas are several URLs, comma-separated, and `dns:///name:port` is every
+    address the name resolves to (`resolver`: (host, port) -> addresses, default getaddrinfo).
     """
 
     def __init__(
@@ -379,19 +461,21 @@ class SetpoClient(_ClientConfig):
         max_backoff: float = 30.0,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         transport: httpx.BaseTransport | None = None,
+        resolver: Resolver = addresses,
     ):
-        super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff, max_response_bytes)
+        super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff, max_response_bytes, resolver)
         self._http = {
             url: httpx.Client(base_url=url, headers=self.headers, timeout=timeout, transport=transport)
-            for url in self.urls
+            for url in self.spelled
         }
 
     def _attempt(self, url: str, method: str, path: str, body: bytes | None, deadline: float | None) -> httpx.Response:
         end, timeout = self.attempt_limits(deadline)
-        headers = JSON_HEADERS if body is not None else None
+        spelled, host = self.route[url]
+        headers = {**host, **JSON_HEADERS} if body is not None else host
         with (
             self.busy(url),
-            self._http[url].stream(method, path, content=body, headers=headers, timeout=timeout) as response,
+            self._http[spelled].stream(method, url + path, content=body, headers=headers, timeout=timeout) as response,
         ):
             self.check_answer(response, 0, end)
             content = bytearray()
@@ -414,6 +498,8 @@ class SetpoClient(_ClientConfig):
         body = json_body(payload) if payload is not None else None
         call = Call(self.max_retries if rounds is None else rounds)
         while True:
+            if self.resolve_due():
+                self.resolve()
             for due in self.due():
                 self.probe(due)
             attempt = self.next_attempt(call, deadline, avoid, only)
@@ -432,7 +518,8 @@ class SetpoClient(_ClientConfig):
 
     def probe(self, url: str, timeout: float | httpx.Timeout = PROBE_TIMEOUT_S) -> bool:
         try:
-            status: int | None = self._http[url].get("/ready", timeout=timeout).status_code
+            spelled, host = self.route[url]
+            status: int | None = self._http[spelled].get(url + "/ready", headers=host, timeout=timeout).status_code
         except httpx.TransportError:
             status = None
         return self.readiness(url, status)
@@ -486,6 +573,8 @@ class SetpoClient(_ClientConfig):
     def ready(self) -> bool:
         """True when the model is loaded and warmed up (of several replicas: any). One that cannot be reached is
         not ready, and is left out until it is."""
+        if self.resolve_due():
+            self.resolve()
         answers = [self.probe(url, self.timeout) for url in self.urls]  # every replica asked, each recorded
         return any(answers)
 
@@ -521,20 +610,23 @@ class AsyncSetpoClient(_ClientConfig):
         max_backoff: float = 30.0,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
+        resolver: Resolver = addresses,
     ):
-        super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff, max_response_bytes)
+        super().__init__(base_url, api_key, timeout, max_retries, backoff, max_backoff, max_response_bytes, resolver)
         self._http = {
             url: httpx.AsyncClient(base_url=url, headers=self.headers, timeout=timeout, transport=transport)
-            for url in self.urls
+            for url in self.spelled
         }
 
     async def _attempt(
         self, url: str, method: str, path: str, body: bytes | None, deadline: float | None
     ) -> httpx.Response:
         end, timeout = self.attempt_limits(deadline)
-        headers = JSON_HEADERS if body is not None else None
+        spelled, host = self.route[url]
+        headers = {**host, **JSON_HEADERS} if body is not None else host
         with self.busy(url):
-            async with self._http[url].stream(method, path, content=body, headers=headers, timeout=timeout) as response:
+            http = self._http[spelled]
+            async with http.stream(method, url + path, content=body, headers=headers, timeout=timeout) as response:
                 self.check_answer(response, 0, end)
                 content = bytearray()
                 async for chunk in response.aiter_bytes():
@@ -556,6 +648,8 @@ class AsyncSetpoClient(_ClientConfig):
         body = json_body(payload) if payload is not None else None
         call = Call(self.max_retries if rounds is None else rounds)
         while True:
+            if self.resolve_due():
+                await asyncio.to_thread(self.resolve)  # getaddrinfo blocks: never on the event loop
             for due in self.due():
                 await self.probe(due)
             attempt = self.next_attempt(call, deadline, avoid, only)
@@ -574,7 +668,10 @@ class AsyncSetpoClient(_ClientConfig):
 
     async def probe(self, url: str, timeout: float | httpx.Timeout = PROBE_TIMEOUT_S) -> bool:
         try:
-            status: int | None = (await self._http[url].get("/ready", timeout=timeout)).status_code
+            spelled, host = self.route[url]
+            status: int | None = (
+                await self._http[spelled].get(url + "/ready", headers=host, timeout=timeout)
+            ).status_code
         except httpx.TransportError:
             status = None
         return self.readiness(url, status)
@@ -619,6 +716,8 @@ class AsyncSetpoClient(_ClientConfig):
         return parsed(ModelList, (await self._request("GET", "/v1/models"))[1])
 
     async def ready(self) -> bool:
+        if self.resolve_due():
+            await asyncio.to_thread(self.resolve)
         answers = [await self.probe(url, self.timeout) for url in self.urls]
         return any(answers)
 

@@ -24,6 +24,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -232,24 +233,26 @@ def docker_api(service_image):
         service.wait(timeout=30)
 
 
-def test_compose_cpu_profile_runs_the_bandit_to_the_end(docker_api, tmp_path):
+@pytest.fixture(scope="module")
+def experiments_image(service_image):
     # compose through podman's API cannot mount the CA bundle into a build: build here, then `up --no-build`
     seconds = build("experiments", EXPERIMENTS_IMAGE)
     print(f"\nbuilt {EXPERIMENTS_IMAGE} in {seconds:.0f} s")
-    out = tmp_path / "out"
-    out.mkdir()
-    out.chmod(0o777)  # the bandit writes as uid 10001
-    env_file = tmp_path / "setpo.env"
+    return EXPERIMENTS_IMAGE
+
+
+def compose_cpu(docker_api: str, env_file: Path, settings: str) -> tuple[list[str], dict]:
+    """The compose command line for the cpu profile with the example's .env plus `settings`, and its environment."""
     env_file.write_text(
         (ROOT / "deploy/setpo.env.example")
         .read_text()
         .replace("COMPOSE_PROFILES=gpu", "COMPOSE_PROFILES=cpu")
         .replace("SETPO_API_KEY=\n", f"SETPO_API_KEY={secrets.token_hex(16)}\n")
-        + f"SETPO_PUBLISH_PORT={free_port()}\nSETPO_OUT={out}\n"
+        + settings
     )
     env = {**os.environ, "DOCKER_HOST": docker_api, "DOCKER_BUILDKIT": "0"}
     env.pop("COMPOSE_PROFILES", None)
-    compose = [
+    return [
         os.environ["SETPO_COMPOSE"],
         "-f",
         str(ROOT / "docker-compose.yml"),
@@ -257,7 +260,15 @@ def test_compose_cpu_profile_runs_the_bandit_to_the_end(docker_api, tmp_path):
         PROJECT,
         "--env-file",
         str(env_file),
-    ]
+    ], env
+
+
+def test_compose_cpu_profile_runs_the_bandit_to_the_end(docker_api, experiments_image, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)  # the bandit writes as uid 10001
+    settings = f"SETPO_PUBLISH_PORT={free_port()}\nSETPO_OUT={out}\n"
+    compose, env = compose_cpu(docker_api, tmp_path / "setpo.env", settings)
     started = time.perf_counter()
     try:
         up = subprocess.run(
@@ -279,3 +290,83 @@ def test_compose_cpu_profile_runs_the_bandit_to_the_end(docker_api, tmp_path):
     )
     assert summary["alive_mean"]["setpo"] > summary["alive_mean"]["grpo"]
     assert "Rewarded modes alive" in up.stdout
+
+
+# A step as a trainer sends it, run by the experiments image inside compose's network: `url` given as argv[1].
+# in_flight=2 in both spellings, so the plain name also has two requests (two connections) in flight at once.
+SPREAD_SCRIPT = """
+import json, sys, time
+from setpo_client import SetpoClient
+from setpo_client.shaping import SetpoShaper
+groups = [[f"Step {k}: {p} apples and {k * p} pears make {p + k * p}." for k in range(6)] for p in range(24)]
+with SetpoClient(sys.argv[1]) as client:
+    shaper = SetpoShaper(client, weight=0.3, in_flight=2)
+    started = time.perf_counter()
+    steps = [shaper.score(groups).metrics for _ in range(int(sys.argv[2]))]
+    seconds = (time.perf_counter() - started) / len(steps)
+    fallback = sum(m["setpo/fallback_steps"] for m in steps)
+    print(json.dumps({"replicas": client.urls, "fallback": fallback, "step_s": seconds}))
+"""
+SPREAD_STEPS = 6
+
+
+def diversity_served(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    lines = [line for line in text.splitlines() if line.startswith("setpo_requests_total{")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if 'route="/v1/diversity"' in line)
+
+
+def test_compose_scaled_to_two_gets_a_step_onto_both_only_when_the_client_resolves_the_name(
+    docker_api, experiments_image, tmp_path
+):
+    """`--scale setpo-server-cpu=2` behind compose's DNS: a client given the plain name connects where the resolver
+    points its connections (measured, printed: the number docs/deployment.md quotes); given dns:///name it asks
+    every replica, each exactly its share of the chunks, counted by each replica's own /metrics."""
+    compose, env = compose_cpu(docker_api, tmp_path / "setpo.env", "SETPO_PUBLISH_PORT=\n")
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        done = subprocess.run(compose + list(args), capture_output=True, text=True, env=env, timeout=timeout)
+        assert done.returncode == 0, f"compose {args[0]}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+        return done
+
+    try:
+        run("up", "-d", "--no-build", "--scale", "setpo-server-cpu=2", "setpo-server-cpu")
+        names = podman(
+            "ps",
+            "--filter",
+            f"label=com.docker.compose.project={PROJECT}",
+            "--filter",
+            "label=com.docker.compose.service=setpo-server-cpu",
+            "--format",
+            "{{.Names}}",
+        ).stdout.split()
+        urls = ["http://" + podman("port", name, "8000/tcp").stdout.strip() for name in names]
+        assert len(urls) == 2, names
+        for url in urls:  # every replica published on its own free 127.0.0.1 port (SETPO_PUBLISH_PORT empty)
+            with SetpoClient(url) as replica:
+                replica.wait_until_ready(timeout=240)
+        shares = {}
+        for spelled in ("http://setpo-server-cpu:8000", "dns:///setpo-server-cpu:8000"):
+            before = [diversity_served(url) for url in urls]
+            step = run(
+                "run",
+                "--rm",
+                "--no-deps",
+                "--entrypoint",
+                "python",
+                "bandit",
+                "-c",
+                SPREAD_SCRIPT,
+                spelled,
+                str(SPREAD_STEPS),
+            )
+            report = json.loads(step.stdout.strip().splitlines()[-1])
+            shares[spelled] = [diversity_served(url) - b for url, b in zip(urls, before)]
+            print(
+                f"\n{spelled}: {SPREAD_STEPS} steps of 2 chunks, {report['step_s']:.2f} s a step, /v1/diversity "
+                f"requests per replica {shares[spelled]}, the client's replicas {report['replicas']}"
+            )
+            assert report["fallback"] == 0 and sum(shares[spelled]) == 2 * SPREAD_STEPS
+    finally:
+        subprocess.run(compose + ["down", "--volumes"], capture_output=True, text=True, env=env, timeout=300)
+    assert shares["dns:///setpo-server-cpu:8000"] == [SPREAD_STEPS, SPREAD_STEPS]
