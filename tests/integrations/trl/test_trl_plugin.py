@@ -46,6 +46,8 @@ def make_trainer(
     max_completion_length=12,
     rollout_func=None,
     setpo_policy=None,
+    reward_funcs=varied_reward,
+    beta=0.0,
     **config,
 ):
     args = GRPOConfig(
@@ -55,7 +57,7 @@ def make_trainer(
         max_completion_length=max_completion_length,
         max_steps=max_steps,
         learning_rate=1e-4,
-        beta=0.0,
+        beta=beta,
         logging_steps=1,
         report_to=[],
         use_cpu=True,
@@ -65,7 +67,7 @@ def make_trainer(
     )
     return SetpoGRPOTrainer(
         model=model,
-        reward_funcs=varied_reward,
+        reward_funcs=reward_funcs,
         args=args,
         train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
         rollout_func=rollout_func,
@@ -210,7 +212,7 @@ def test_only_the_policys_tokens_are_embedded_and_the_completions_table_shows_sh
     assert list(trainer._logs["advantages"]) == pytest.approx(expected.tolist(), abs=1e-5)  # TRL's completions table
 
 
-@pytest.mark.parametrize("seam", ["_generate_and_score_completions", "_calculate_rewards"])
+@pytest.mark.parametrize("seam", ["_generate", "_generate_and_score_completions", "_calculate_rewards"])
 def test_a_trl_without_the_method_setpo_overrides_is_refused(tiny_model, client, tmp_path, monkeypatch, seam):
     monkeypatch.delattr(GRPOTrainer, seam)  # as a TRL that renamed its private seam
     with pytest.raises(RuntimeError, match="would train without SetPO"):

@@ -23,7 +23,10 @@ completions of ALL processes and returns this process's slice. We let it run unc
 process's completions — only the tokens the loss trains on (completion_mask * tool_mask: tool and environment
 output are left out, as TRL's loss leaves them out) — gather every process's texts in the same order TRL
 gathered the rewards, score all groups through SetpoShaper (rank 0; the result is broadcast, so every process
-applies the same policy), and add this process's slice of lambda * s_i. The loss — grpo, dr_grpo, dapo, or
+applies the same policy), and add this process's slice of lambda * s_i. The forms that need no reward are
+submitted earlier, from the end of TRL's `_generate` (SetpoShaper.submit), so that TRL's log-prob passes and reward
+functions hide the requests; with setpo_min_reward the rewards come after those passes, and the step is scored
+after them (docs/trl-and-verl.md, "Off the critical path (TRL)"). The loss — grpo, dr_grpo, dapo, or
 GSPO with importance_sampling_level="sequence" — then sees the shaped advantages, and so does the completions
 table TRL logs. Metrics go to TRL's own logs under `setpo/...` (SetpoShaper's names, its timing included).
 
@@ -47,7 +50,7 @@ from setpo_client.client import SetpoClient
 from setpo_client.errors import SetpoError
 from setpo_client.keys import KeyFunction
 from setpo_client.policy import diversity_policy
-from setpo_client.shaping import OnError, SetpoShaper
+from setpo_client.shaping import OnError, PendingStep, SetpoShaper
 from setpo_client.types import Kernel, Normalize
 from setpo_client.weight import WeightController
 
@@ -79,7 +82,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
         **kwargs,
     ):
         # the hooks must still be TRL's own seams, or this subclass would add methods nobody calls
-        for seam in ("_generate_and_score_completions", "_calculate_rewards"):
+        for seam in ("_generate", "_generate_and_score_completions", "_calculate_rewards"):
             if seam not in vars(GRPOTrainer):
                 raise RuntimeError(
                     f"TRL {trl.__version__} has no GRPOTrainer.{seam}: SetpoGRPOTrainer would train without SetPO. "
@@ -104,6 +107,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
         if setpo_weight > 0:  # fail now, not after the first generation round; TRL's advantages are group-relative
             self.setpo.start(group_size=self.num_generations, spell=spell)
         self.setpo_rewards: torch.Tensor | None = None  # the step's rewards, all processes (_calculate_rewards)
+        self.setpo_pending: PendingStep | None = None  # this step's scoring, started at generation (_generate)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # (B, F)
@@ -111,34 +115,66 @@ class SetpoGRPOTrainer(GRPOTrainer):
         self.setpo_rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # (B,)
         return rewards_per_func
 
+    def completion_text(self, ids, trained) -> str | None:
+        """A completion as SetPO embeds it: only the tokens the loss trains on (trained: TRL's mask, 0 for tool
+        and environment output and padding); None when the loss trains on none of it."""
+        return self.processing_class.decode(ids[trained.bool()], skip_special_tokens=True) if trained.any() else None
+
+    def _generate(self, prompts):
+        generated = super()._generate(prompts)
+        # The forms that need no reward start scoring now, hidden by what TRL does before its advantages: the old and
+        # reference log-prob passes and the reward functions. With min_reward, TRL computes the rewards after those
+        # passes, so nothing is left to hide: _generate_and_score_completions scores then.
+        if self.model.training and self.setpo.min_reward is None:
+            started = time.perf_counter()
+            _, completion_ids, tool_masks = generated[:3]
+            # TRL masks a truncated completion out of the loss after _generate (mask_truncated_completions): so here
+            stops = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+            masks = tool_masks if tool_masks is not None else [[1] * len(ids) for ids in completion_ids]
+            local = [
+                self.completion_text(
+                    torch.tensor(ids),
+                    torch.tensor(mask) * (not self.mask_truncated_completions or ids[-1] in stops),
+                )
+                for ids, mask in zip(completion_ids, masks)
+            ]
+            texts = gather_object(local)  # every process's, in TRL's gather order: groups are consecutive
+            if self.accelerator.is_main_process:
+                self.setpo_pending = self.setpo.submit(self.setpo_groups(texts), started=started)
+        return generated
+
+    def setpo_groups(self, rows: list) -> list[list]:
+        return [rows[i : i + self.num_generations] for i in range(0, len(rows), self.num_generations)]
+
     def _generate_and_score_completions(self, inputs):
+        self.setpo_pending = None  # only this call's own generation may start this step's scoring
         output = super()._generate_and_score_completions(inputs)
+        pending, self.setpo_pending = self.setpo_pending, None
         if not self.model.training:  # evaluation: advantages are not trained on
             return output
         started = time.perf_counter()
-        # the tokens the loss trains on: tool and environment output (tool_mask 0) and padding are left out
-        mask = (
-            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
-        )  # (B, T)
-        local = [
-            self.processing_class.decode(ids[row.bool()], skip_special_tokens=True) if row.any() else None
-            for ids, row in zip(output["completion_ids"], mask)
-        ]
-        texts = gather_object(local)  # every process's completions, in TRL's gather order: groups are consecutive
+        if self.setpo.min_reward is not None:  # scored now: see _generate
+            # the tokens the loss trains on: tool and environment output (tool_mask 0) and padding are left out
+            mask = (
+                output["completion_mask"]
+                if "tool_mask" not in output
+                else output["completion_mask"] * output["tool_mask"]
+            )  # (B, T)
+            texts = gather_object([self.completion_text(ids, row) for ids, row in zip(output["completion_ids"], mask)])
         advantages = gather_object(output["advantages"].tolist())  # TRL's, every process's, in the same order
-        assert self.setpo_rewards is not None  # set by _calculate_rewards, called by the super() above
-        rewards = self.setpo_rewards.tolist()
-        size = self.num_generations
+        local = len(output["advantages"])
         payload: list[Any] = [None]
         error = None
         if self.accelerator.is_main_process:
             try:
-                step = self.setpo.score(
-                    [texts[i : i + size] for i in range(0, len(texts), size)],
-                    rewards=[rewards[i : i + size] for i in range(0, len(rewards), size)],
-                    advantages=[advantages[i : i + size] for i in range(0, len(advantages), size)],
-                    started=started,
-                )
+                if self.setpo.min_reward is not None:
+                    assert self.setpo_rewards is not None  # set by _calculate_rewards, called by the super() above
+                    rewards = self.setpo_rewards.tolist()
+                    pending = self.setpo.submit(
+                        self.setpo_groups(texts), rewards=self.setpo_groups(rewards), started=started
+                    )
+                assert pending is not None  # submitted at generation (_generate)
+                step = pending.result(advantages=self.setpo_groups(advantages))
                 payload = [([b for group in step.bonus for b in group], step.metrics)]
             except Exception as exc:
                 error, payload = exc, [f"{type(exc).__name__}: {exc}"]
@@ -148,9 +184,9 @@ class SetpoGRPOTrainer(GRPOTrainer):
         if isinstance(result, str):
             raise SetpoError(f"SetPO scoring failed on the main process: {result}")
         bonus, metrics = result
-        offset = self.accelerator.process_index * len(local)
+        offset = self.accelerator.process_index * local
         shaping = torch.tensor(
-            bonus[offset : offset + len(local)], dtype=output["advantages"].dtype, device=output["advantages"].device
+            bonus[offset : offset + local], dtype=output["advantages"].dtype, device=output["advantages"].device
         )
         output["advantages"] = output["advantages"] + shaping  # (local B,)
 
