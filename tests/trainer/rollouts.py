@@ -11,10 +11,13 @@ at all, so groups get different rewards.
 import asyncio
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import torch
+from openrlhf.models import Actor
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
@@ -71,7 +74,7 @@ class ScriptedEngine:
         self.executor = SingleTurnAgentExecutor(str(reward_file(reward)))
         self.by_prompt_ids: dict[tuple, list[str]] = {}
         self.served: dict[tuple, int] = defaultdict(int)
-        self.tokenizer = None
+        self.tokenizer: Any = None  # the trainer's, handed over by generate_responses
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         key = tuple(prompt_token_ids)
@@ -200,6 +203,41 @@ def after_model_forward(experiences: list, kl_scale: float = 0.0, seed: int = 0)
         experience.kl = kl_scale * torch.rand(shape, generator=generator) * experience.action_mask
         experience.info["kl"] = experience.kl.sum(-1) / experience.action_mask.sum(-1)
     return experiences
+
+
+class ModelGroup:
+    """Stands in for one of OpenRLHF's RayActorGroups of GPU actors (actor, reference, reward model): its batched
+    `forward` runs `forward` on each micro-batch in this process, after `before()` (what a test checks while
+    OpenRLHF's passes run). It returns what ray.get would give for it, with RAY_STAND_IN as OpenRLHF's `ray`."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor], before: Callable[[], None] = lambda: None):
+        self.forward, self.before = forward, before
+
+    def async_run_method_batch(self, method_name: str, **batches) -> list[list[torch.Tensor]]:
+        assert method_name == "forward"
+        self.before()
+        chunks = [dict(zip(batches, values)) for values in zip(*batches.values())]
+        return [[self.forward(**chunk) for chunk in chunks]]  # one actor's results
+
+    def async_run_method(self, method_name: str, *args, **kwargs) -> list:
+        return []  # empty_cache, between colocated passes
+
+
+# make_experience's ray.put / ray.get, for model groups that run in this process
+RAY_STAND_IN = SimpleNamespace(put=lambda value: value, get=lambda refs: refs)
+
+
+def log_prob_pass(model_path: str, temperature: float = 1.0) -> Callable[..., torch.Tensor]:
+    """The actor's (or reference's) log-prob pass as OpenRLHF's PolicyModelActor.forward runs it, on CPU: OpenRLHF's
+    own Actor (a reference at another temperature gives a KL that is not 0)."""
+    actor = Actor(model_path, attn_implementation="eager", param_dtype="bf16", temperature=temperature)
+    actor.model.float()
+    actor.eval()
+
+    def forward(sequences, action_mask, attention_mask, **_):
+        return actor(sequences, action_mask, attention_mask)
+
+    return forward
 
 
 class RecordingTransport(httpx.HTTPTransport):

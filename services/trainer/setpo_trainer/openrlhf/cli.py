@@ -31,6 +31,7 @@ from typing import Any
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.policy import KERNELS, NORMALIZATIONS, diversity_policy
 from setpo_client.shaping import SetpoShaper
+from setpo_trainer.openrlhf.flags import spell
 from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK, UV_RUN_HOOK
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
@@ -373,12 +374,6 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
     )
     said = " ".join(f"{flag.removeprefix('setpo.')}={options[flag]}" for flag in POLICY_FLAGS)
     print(f"setpo-train: diversity policy: {said}", flush=True)
-
-
-def spell(name: str) -> str:
-    """A SetPO setting as setpo-train's flag, for refusals (setpo_client.policy, SetpoShaper.start)."""
-    own = {"group_size": "--rollout.n_samples_per_prompt", "estimator": "--algo.advantage.estimator"}
-    return own.get(name, f"--setpo.{name}")
 
 
 def policy_settings(parser: argparse.ArgumentParser, options: dict) -> dict[str, Any]:

@@ -1,32 +1,44 @@
-"""SetpoExperienceMaker: OpenRLHF's RemoteExperienceMaker with one change, after its advantage step.
+"""SetpoExperienceMaker: OpenRLHF's RemoteExperienceMaker, plus lambda * s_i on each response's advantage.
 
 OpenRLHF computes rewards, the group advantages (group_norm for GRPO, GSPO and DAPO; also dr_grpo, rloo,
-reinforce_baseline) and per-token advantages as it always does. Then, for the rollout batch as a whole:
-decode every response with the trainer's tokenizer and hand every group's texts, with each response's reward
-and advantage, to SetpoShaper (the --setpo.* diversity policy, fitting the step into requests, fault policy,
-lambda fixed or steered, metrics); add the bonus the service answers for response i (lambda * s_i, scoped and
-normalised as the policy says) to every response token of response i. Prompt and padding positions
-(action_mask = 0) are left untouched, so the policy loss (PPO clip, clip-higher, or GSPO's sequence ratio)
-sees exactly A^_i = A_i + bonus_i.
+reinforce_baseline) and per-token advantages as it always does. SetPO's part comes in two halves, so that
+OpenRLHF's own forward passes hide the service's time:
+1. make_experience, before the actor / reference / critic (and reward model) passes: every response is decoded with
+   the trainer's tokenizer and the rollout batch's groups, with each response's reward (as OpenRLHF's advantage
+   step will see it: after its length penalties), go to SetpoShaper.submit, which asks the service on a thread of
+   its own. Rewards a reward model gives exist only after those passes: the texts then go alone, or, when
+   --setpo.min_reward needs the rewards, the step is scored at the advantage step instead.
+2. compute_advantages_and_returns, after OpenRLHF's: the answer is collected if the experiences are still the
+   rows it was computed for (each row's tokens and the reward sent, in rollout order); otherwise these rows are
+   scored there and then and the early answer is dropped (counted in setpo/dropped_steps, logged), so no row gets
+   an answer computed for another. The bonus the service answers for response i (lambda * s_i, scoped and normalised as the
+   --setpo.* diversity policy says) is added to every response token of response i. Prompt and padding positions
+   (action_mask = 0) are left untouched, so the policy loss (PPO clip, clip-higher, or GSPO's sequence ratio)
+   sees exactly A^_i = A_i + bonus_i.
 
 The step's SetPO metrics ride in `experience.info` as one value per sample: OpenRLHF's actor averages info
 over the batch and its trainer sends the result to W&B / TensorBoard as `train/setpo/...`, every step.
 """
 
+import logging
 import math
 import time
+from types import SimpleNamespace
 
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from openrlhf.utils.logging_utils import init_logger
 
 from setpo_client.client import DEFAULT_URL, SetpoClient
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
-from setpo_client.shaping import SetpoShaper
-from setpo_trainer.openrlhf.cli import spell
+from setpo_client.shaping import PendingStep, SetpoShaper
+from setpo_trainer.openrlhf.flags import spell
 
 logger = init_logger(__name__)
+
+Row = tuple[torch.Tensor, float | None]  # a rollout row as SetPO sees it: the tokens it embeds, its reward if known
 
 
 class SetpoExperienceMaker(RemoteExperienceMaker):
@@ -48,6 +60,7 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
             client, setpo.weight, setpo.on_error, setpo.max_chars, in_flight=setpo.in_flight, **policy
         )
         self.setpo_embed = setpo.embed
+        self.early: tuple[PendingStep, list[Row]] | None = None  # submitted in make_experience, with its rows
         logger.info(
             f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, in_flight={setpo.in_flight}, "
             f"embed={setpo.embed}, on_error={setpo.on_error}, min_reward={setpo.min_reward}, key={setpo.key}, "
@@ -56,44 +69,47 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         )
 
     @torch.no_grad()
+    def make_experience(self, samples_list: list[Experience]) -> list[Experience]:
+        """OpenRLHF's forward passes, with this step's SetPO scoring in flight meanwhile (submitted just before)."""
+        self.submit_early(samples_list)
+        return super().make_experience(samples_list)
+
+    def submit_early(self, samples_list: list[Experience]) -> None:
+        """The step's groups to SetpoShaper as soon as what they need exists: the texts, and the rewards with
+        --setpo.min_reward (a reward model's come only with the passes: the step is then scored at the advantage
+        step). Rewards are sent whenever they exist, as the advantage step would send them."""
+        start = time.perf_counter()
+        self.early = None
+        rewards = None
+        if samples_list[0].rewards is not None:  # a reward function's (--reward.remote_url), given with the samples
+            rewards = penalized_rewards(samples_list, self.args)
+        elif self.setpo.min_reward is not None:  # a reward model's, after the passes: the scope needs them
+            return
+        rows = self.rows(samples_list, rewards)
+        self.early = self.submit(rows, start), rows
+
+    @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:
         experiences = super().compute_advantages_and_returns(experiences)
         start = time.perf_counter()
         n = self.args.rollout.n_samples_per_prompt
-
         # experience.index holds each row's place in the rollout batch, where a prompt's n samples are
         # consecutive (OpenRLHF's group_norm reshapes them the same way). Dynamic filtering has already
         # dropped whole groups before this point (not the all-correct ones under --setpo.keep_groups on).
-        total = sum(len(experience.index) for experience in experiences)
-        texts, rewards, advantages = [""] * total, [0.0] * total, [0.0] * total
-        scores = [0.0] * total  # what dynamic filtering judged: the reward file's scores (else rewards), no penalty
-        for experience in experiences:
-            mask = experience.action_mask.float()  # (B, A)
-            # a row's advantage as one number (for the weight controller and setpo/bonus_ratio): its mean over
-            # the response tokens; constant per row for group_norm unless the KL is in the reward
-            row_advantages = (experience.advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
-            for row, index in enumerate(experience.index):
-                if self.setpo_embed == "response":
-                    # action_mask[t] marks sequences[t + 1]: the response tokens (several spans for agents)
-                    tokens = experience.sequences[row, 1:][experience.action_mask[row].bool()]
-                else:  # prompt_response: the whole trajectory as the policy saw it, without padding
-                    tokens = experience.sequences[row][experience.attention_mask[row].bool()]
-                texts[index] = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                # the reward OpenRLHF's group step used: the reward function's, after its length penalties
-                rewards[index] = experience.rewards[row].item()
-                scores[index] = (experience.scores if experience.scores is not None else experience.rewards)[row].item()
-                advantages[index] = row_advantages[row].item()
-        starts = range(0, total, n)  # each group's first row
-        step = self.setpo.score(
-            [texts[i : i + n] for i in starts],
-            rewards=[rewards[i : i + n] for i in starts],
-            advantages=[advantages[i : i + n] for i in starts],
-            started=start,
-        )
+        rows = self.rows(experiences, [experience.rewards for experience in experiences])
+        # a row's advantage as one number (for the weight controller and setpo/bonus_ratio): its mean over the
+        # response tokens; constant per row for group_norm unless the KL is in the reward
+        advantages = in_rollout_order(experiences, [row_means(e.advantages, e.action_mask) for e in experiences])
+        starts = range(0, len(rows), n)  # each group's first row
+        step = self.collect(rows, start).result([advantages[i : i + n] for i in starts])
 
         algo, floor = self.args.algo, self.setpo.min_reward
         if floor is not None and algo.dynamic_filtering_enable and math.isinf(algo.dynamic_filtering_range[1]):
             # setpo-train lifted the range's top (--setpo.keep_groups): the groups it kept that way all reach min_reward
+            # (what dynamic filtering judged: the reward file's scores, else the rewards)
+            scores = in_rollout_order(
+                experiences, [e.scores if e.scores is not None else e.rewards for e in experiences]
+            )
             reaching = [all(score >= floor for score in scores[i : i + n]) for i in starts]
             step.metrics["setpo/kept_by_bonus"] = float(sum(reaching))
         bonus = torch.tensor([b for group in step.bonus for b in group])  # (rollout rows,) the service's bonus
@@ -102,9 +118,98 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
             # (B, A): response tokens get the bonus; prompt and padding positions get 0
             experience.advantages = experience.advantages + row_bonus[:, None] * experience.action_mask
 
-        # SetpoShaper's metrics, its timing included (time_s: decoding and the requests; time_share from step 2 on)
+        # SetpoShaper's metrics, its timing included (time_s: all of SetPO's time; wait_s: what of it blocked)
         for experience in experiences:
-            rows = len(experience.index)
+            rows_in = len(experience.index)
             for name, value in step.metrics.items():
-                experience.info[name] = torch.full((rows,), float(value))  # (B,): the batch mean is the value
+                experience.info[name] = torch.full((rows_in,), float(value))  # (B,): the batch mean is the value
         return experiences
+
+    def rows(self, experiences: list[Experience], rewards: list[torch.Tensor] | None) -> list[Row]:
+        """Each rollout row as SetPO sees it, in rollout order: the tokens it embeds and its reward (None: not
+        known yet)."""
+        known = None if rewards is None else in_rollout_order(experiences, rewards)
+        tokens: list[torch.Tensor] = [torch.empty(0)] * sum(len(experience.index) for experience in experiences)
+        for experience in experiences:
+            for row, index in enumerate(experience.index):
+                if self.setpo_embed == "response":
+                    # action_mask[t] marks sequences[t + 1]: the response tokens (several spans for agents)
+                    tokens[index] = experience.sequences[row, 1:][experience.action_mask[row].bool()]
+                else:  # prompt_response: the whole trajectory as the policy saw it, without padding
+                    tokens[index] = experience.sequences[row][experience.attention_mask[row].bool()]
+        return [(embedded, None if known is None else known[index]) for index, embedded in enumerate(tokens)]
+
+    def submit(self, rows: list[Row], started: float) -> PendingStep:
+        """The rows' groups to SetpoShaper, decoded with the trainer's tokenizer, with their rewards when known."""
+        n = self.args.rollout.n_samples_per_prompt
+        texts = [self.tokenizer.decode(tokens, skip_special_tokens=True) for tokens, _ in rows]
+        rewards = [reward for _, reward in rows if reward is not None]
+        starts = range(0, len(rows), n)  # each group's first row
+        return self.setpo.submit(
+            [texts[i : i + n] for i in starts],
+            rewards=[rewards[i : i + n] for i in starts] if len(rewards) == len(rows) else None,
+            started=started,
+        )
+
+    def collect(self, rows: list[Row], started: float) -> PendingStep:
+        """The step submitted in make_experience if it was computed for exactly these rows; else these rows,
+        submitted now (the early step is then dropped by SetpoShaper.submit, its thread waited for). `started`:
+        when this step's SetPO work at the advantage step began."""
+        early, self.early = self.early, None
+        if early is not None:
+            pending, submitted = early
+            if same_rows(submitted, rows):
+                # the work since `started` blocked the trainer as submit's did: SetPO's time that nothing hides
+                pending.submit_s += time.perf_counter() - started
+                return pending
+            logger.warning(
+                f"SetPO: the experiences changed between make_experience ({len(submitted)} rows) and the advantage "
+                f"step ({len(rows)} rows): the answer for the first is dropped and these rows are scored now"
+            )
+        return self.submit(rows, started)
+
+
+def penalized_rewards(samples_list: list[Experience], args) -> list[torch.Tensor]:
+    """Each experience's rewards as OpenRLHF's advantage step will see them (promoted to float32 at least, after its
+    length penalties: DAPO's overlong, ProRL's stop-properly), by OpenRLHF's own function applied to copies."""
+    copies = [
+        SimpleNamespace(
+            rewards=s.rewards.to(torch.promote_types(s.rewards.dtype, torch.float32), copy=True),
+            response_length=s.response_length,
+            truncated=s.truncated,
+            info={},
+        )
+        for s in samples_list
+    ]
+    penalties = logging.getLogger(apply_length_penalties.__module__)
+    was = penalties.disabled
+    penalties.disabled = True  # it logs how many it penalised at the advantage step, where they apply: not twice
+    try:
+        apply_length_penalties(copies, args)
+    finally:
+        penalties.disabled = was
+    return [copy.rewards for copy in copies]
+
+
+def same_rows(submitted: list[Row], rows: list[Row]) -> bool:
+    """Whether an answer computed for `submitted` belongs to `rows`: the same rows in the same order, each with the
+    same tokens (so the same text) and, where a reward was sent, the same reward."""
+    return len(submitted) == len(rows) and all(
+        torch.equal(tokens, now) and (reward is None or reward == reward_now)
+        for (tokens, reward), (now, reward_now) in zip(submitted, rows)
+    )
+
+
+def row_means(values: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """(B, A) per-token values -> (B,) their mean over each row's response tokens."""
+    mask = action_mask.float()
+    return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def in_rollout_order(experiences: list[Experience], values: list[torch.Tensor]) -> list[float]:
+    """Per-experience (B,) values as one list, each row's at its place in the rollout batch (experience.index)."""
+    ordered = [0.0] * sum(len(experience.index) for experience in experiences)
+    for experience, value in zip(experiences, values):
+        for index, number in zip(experience.index, value.tolist()):
+            ordered[index] = number
+    return ordered

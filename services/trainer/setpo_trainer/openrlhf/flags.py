@@ -1,0 +1,8 @@
+"""How setpo-train spells SetPO's settings, for the messages that name one: shared by the command line (cli.py,
+which must import nothing of OpenRLHF) and the experience maker in the trainer actor."""
+
+
+def spell(name: str) -> str:
+    """A SetPO setting as setpo-train's flag, for refusals (setpo_client.policy, SetpoShaper.start)."""
+    own = {"group_size": "--rollout.n_samples_per_prompt", "estimator": "--algo.advantage.estimator"}
+    return own.get(name, f"--setpo.{name}")
