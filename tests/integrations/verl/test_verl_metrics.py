@@ -34,7 +34,8 @@ def test_two_advantage_passes_reduce_to_the_training_steps_figures(server):
 
     for name in ("setpo/requests", "setpo/scored_groups", "setpo/unscored_groups", "setpo/cut_texts"):
         assert step[name] == first[name] + second[name], name  # the step's counts: the passes' sum
-    assert step["setpo/time_s"] == pytest.approx(first["setpo/time_s"] + second["setpo/time_s"])
+    for name in ("setpo/time_s", "setpo/wait_s"):  # SetPO's time, and what of it the trainer blocked on
+        assert step[name] == pytest.approx(first[name] + second[name]), name
     for name in ("setpo/unscored_groups_total", "setpo/fallback_steps", "setpo/weight"):
         assert step[name] == second[name], name  # running totals and lambda: where the step ended, not a sum or mean
     assert step["setpo/bonus_rms"] == pytest.approx((first["setpo/bonus_rms"] + second["setpo/bonus_rms"]) / 2)
@@ -56,3 +57,18 @@ def test_a_controller_under_several_passes_a_step_is_told_at_start_what_its_step
         check_start(config, get_trainer_cls("sync"))
     said = "parameter_sync_step=4 runs the advantage step 4 times a training step; the weight controller steps once"
     assert (said in caplog.text) == warned
+
+
+def test_steps_dropped_are_a_running_total_the_last_passs(server):
+    """setpo/dropped_steps (a step submitted and never collected, dropped when the next was submitted) counts the
+    run's drops so far: the training step logs the last pass's count, not the passes' sum or mean."""
+    shaper = SetpoShaper(SetpoClient(server.url), weight=0.3)
+    passes = []
+    for _ in range(2):
+        shaper.submit(GROUPS)  # never collected: the next submit drops it
+        passes.append(shaper.score(GROUPS, advantages=ADVANTAGES).metrics)
+    assert [metrics["setpo/dropped_steps"] for metrics in passes] == [1, 2]
+    aggregator = MetricsAggregator()
+    for metrics in passes:
+        aggregator.add_step_metrics(metrics, sample_count=8)
+    assert aggregator.get_aggregated_metrics()["setpo/dropped_steps"] == 2

@@ -54,6 +54,15 @@ veRL 0.9.1 has two trainers and the plug-in wraps each at its advantage step:
   then the batch is shaped; metrics are merged into veRL's data metrics of the step. The response_mask
   before rollout correction is kept by wrapping `compute_rollout_correction_and_add_to_batch`.
 A row's text is the policy's own turns (tool and environment output left out), one turn a line.
+
+Off the critical path, on both trainers: the reward is known before veRL's old-log-prob pass, and the first of its
+passes before the advantage step (`_compute_old_log_prob`, `_compute_ref_log_prob`, `_compute_values`, wrapped)
+submits the step's scoring (submit_v1, submit_v0: the members the advantage step would send); the passes hide it,
+and the advantage step collects it (setpo/wait_s: what the trainer blocked). The answer is applied only if the
+batch's rows are the submitted ones and the groups it would send now equal those sent (rollout correction, inside
+the advantage step, may reject a row whole); else the step is scored there and the early one dropped
+(setpo/dropped_steps). With a sequence-level rollout rejection, which rejects rows most steps, nothing is submitted
+early (rejects_rows).
 Groups SetpoShaper cannot score (fewer than 3 scorable sessions, e.g. a failed session in sync mode; more than
 the service takes) get bonus 0 and are counted; under a per-output estimator, a group of more outputs than the
 service takes is first fitted to one member a session, its final output (setpo/fitted_groups); service failures follow on_error (SetpoShaper's one policy).
@@ -65,12 +74,14 @@ while the command line enables SetPO stops the run instead of training without i
 """
 
 import contextlib
+import functools
 import inspect
 import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import numpy as np
@@ -80,7 +91,7 @@ from packaging.specifiers import SpecifierSet
 from setpo_client.client import SetpoClient
 from setpo_client.errors import SetpoError
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
-from setpo_client.shaping import SetpoShaper, largest_group, would_shape
+from setpo_client.shaping import PendingStep, SetpoShaper, largest_group, would_shape
 
 log = logging.getLogger("setpo_client.verl")
 # veRL versions whose advantage steps this plug-in was tested against: the `verl` extra's range (tests/integrations/verl
@@ -125,12 +136,30 @@ SUMMED_METRICS = (
     "setpo/chunk_retries",
     "setpo/span_missing",
     "setpo/time_s",
+    "setpo/wait_s",
     "setpo/kept_by_bonus",
     "setpo/fitted_groups",
 )
-LAST_METRICS = ("setpo/fallback_steps", "setpo/unscored_groups_total", "setpo/weight")
+LAST_METRICS = ("setpo/fallback_steps", "setpo/dropped_steps", "setpo/unscored_groups_total", "setpo/weight")
 _shapers: dict[tuple, SetpoShaper] = {}
 GENERATED_MASK = "setpo_generated_mask"  # v0: response_mask before rollout correction, from correction to advantage
+# veRL's passes between the reward and the advantage step, on both trainers: the first of them that runs starts the
+# step's scoring (submit_v0, submit_v1), so that they hide SetPO's time
+EARLY_PASSES = ("_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values")
+
+
+@dataclass
+class Submitted:
+    """A step whose scoring started before veRL's log-prob passes: its scoring in flight, the rows it was read from
+    (v1: partition and keys; v0: uids, with the responses and mask its texts were decoded from) and each row's text."""
+
+    pending: PendingStep
+    rows: tuple
+    texts: list[str | None]
+    tensors: tuple = ()
+
+
+_submitted: dict[SetpoShaper, Submitted] = {}  # at most one a shaper, as the shaper has at most one step in flight
 
 
 def setpo_settings(algorithm_config) -> dict | None:
@@ -347,21 +376,81 @@ def shape_sessions(
     advantages: Sequence[float],
     shaper: SetpoShaper,
     started: float,
+    early: Submitted | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """lambda * s_i for every row (B,) and the step's setpo/* metrics. sessions[row] = (session, output index) or
     None for a row that is not part of any group (padding). A session's member of its uid's group is its final
     output (highest index; texts[row] None: not scorable), with that output's reward and advantage, as veRL's
-    GRPO takes them; the session's bonus goes to all its rows. rewards, advantages: one number a row."""
+    GRPO takes them; the session's bonus goes to all its rows. rewards, advantages: one number a row. early: this
+    batch's scoring, submitted before veRL's log-prob passes; its answer is used only if what it sent is exactly
+    what would be sent now, else the step is scored here (the early one dropped, counted as setpo/dropped_steps)."""
     finals, members = session_groups(uids, sessions)
-    step = shaper.score(
-        [[texts[row] for row in group] for group in members],
-        rewards=[[rewards[row] for row in group] for group in members],
-        advantages=[[advantages[row] for row in group] for group in members],
-        started=started,
-    )
+    groups, scores = member_lists(members, texts, rewards)
+    per_member = [[advantages[row] for row in group] for group in members]
+    if early is not None and (early.pending.groups, early.pending.rewards) == (groups, scores):
+        reading = time.perf_counter() - started  # the plug-in's reads at collect, which the shaper did not see
+        step = early.pending.result(per_member)
+        count_blocked(step.metrics, reading)
+    else:
+        if early is not None:  # a row rejected whole by rollout correction since: the answer is not this step's
+            log.warning("SetPO: the step's members changed after its scoring started (rollout correction); re-scored")
+        step = shaper.score(groups, rewards=scores, advantages=per_member, started=started)
     of_final = {row: value for group, values in zip(members, step.bonus) for row, value in zip(group, values)}
     bonus = torch.tensor([of_final[finals[session[0]]] if session is not None else 0.0 for session in sessions])  # (B,)
     return bonus, step.metrics
+
+
+def member_lists(members: list[list[int]], texts: Sequence, rewards: Sequence[float]) -> tuple[list, list]:
+    """The groups' texts and rewards, as SetpoShaper takes them: members are the groups' rows (session_groups)."""
+    return [[texts[row] for row in group] for group in members], [
+        [float(rewards[row]) for row in group] for group in members
+    ]
+
+
+def count_blocked(metrics: dict[str, float], seconds: float) -> None:
+    """Adds SetPO time the trainer blocked on that the shaper could not see (the plug-in's reads at collect, before
+    PendingStep.result) to setpo/time_s and setpo/wait_s, and to setpo/time_share, which is wait_s over the step."""
+    waited = metrics["setpo/wait_s"]
+    metrics["setpo/time_s"] += seconds
+    metrics["setpo/wait_s"] += seconds
+    if "setpo/time_share" in metrics and waited > 0:
+        metrics["setpo/time_share"] *= metrics["setpo/wait_s"] / waited
+
+
+def rejects_rows(algorithm_config) -> bool:
+    """Whether veRL's rollout correction may reject whole rows inside the advantage step (a sequence-level
+    rollout_rs in decoupled mode): those steps are scored at the advantage step, since an answer started earlier
+    would almost always be for members that no longer exist. Token-level rejection rejects a row whole only if it
+    rejects every token of it: that rare step is caught at collect (shape_sessions) and re-scored."""
+    correction = algorithm_config.get("rollout_correction") or {}
+    options = str(correction.get("rollout_rs") or "").split(",")
+    return not correction.get("bypass_mode", False) and any(option.strip().startswith("seq") for option in options)
+
+
+def early_settings(trainer) -> dict | None:
+    """The settings of a trainer whose steps are scored early (before veRL's log-prob passes), or None: SetPO off,
+    or veRL may reject whole rows before the advantage step (rejects_rows)."""
+    algorithm = trainer.config.get("algorithm")
+    settings = setpo_settings(algorithm)
+    return None if settings is None or rejects_rows(algorithm) else settings
+
+
+def submitted_for(shaper: SetpoShaper, rows: tuple, tensors: tuple = ()) -> Submitted | None:
+    """The step submitted for these rows and not yet collected (v0: decoded from these tensors), or None."""
+    early = _submitted.get(shaper)
+    if early is None or early.pending is not shaper.pending or early.rows != rows:
+        return None
+    return early if all(torch.equal(a, b) for a, b in zip(early.tensors, tensors)) else None
+
+
+def take_submitted(shaper: SetpoShaper, rows: tuple, tensors: tuple = ()) -> Submitted | None:
+    """At the advantage step: the step submitted early for this very batch, taken out, or None. One submitted for
+    other rows is never applied: score() drops it when it submits this batch's (setpo/dropped_steps)."""
+    early = submitted_for(shaper, rows, tensors)
+    stale = _submitted.pop(shaper, None)
+    if early is None and stale is not None and stale.pending is shaper.pending:
+        log.warning("SetPO: the scoring started before veRL's log-prob passes was for other rows; scoring this batch")
+    return early
 
 
 def row_sessions(keys: Sequence[str], tags: Sequence[dict], estimator: str) -> list[tuple | None]:
@@ -421,22 +510,52 @@ def row_rewards_and_advantages(scores: torch.Tensor, advantages: torch.Tensor, m
     return scores.sum(-1).tolist(), per_row.tolist()
 
 
-def shape_batch(data, generated_mask, tokenizer, shaper: SetpoShaper, started: float):
+def shape_batch(data, generated_mask, tokenizer, shaper: SetpoShaper, started: float, early: Submitted | None = None):
     """v0: add lambda * s_i to every trained response token of a DataProto whose advantages veRL has just
     computed. Needs batch["responses"], batch["response_mask"] (what veRL trains), batch["token_level_scores"],
     batch["advantages"] and non_tensor_batch["uid"]; generated_mask (B, T): response_mask before rollout
-    correction."""
+    correction. early: this batch's scoring, started before veRL's log-prob passes (submit_v0), whose texts
+    are this batch's."""
     mask = data.batch["response_mask"]  # (B, T)
-    texts = policy_texts(tokenizer, data.batch["responses"], generated_mask, mask)
+    if early is None:
+        texts = policy_texts(tokenizer, data.batch["responses"], generated_mask, mask)
+    else:  # decoded at submit from the same responses and rollout mask; a row veRL no longer trains is not sent
+        texts = [text if trained.any() else None for text, trained in zip(early.texts, mask)]
     rewards, advantages = row_rewards_and_advantages(data.batch["token_level_scores"], data.batch["advantages"], mask)
     rows = range(len(texts))
     bonus, metrics = shape_sessions(
-        texts, data.non_tensor_batch["uid"].tolist(), [(row, 0) for row in rows], rewards, advantages, shaper, started
+        texts,
+        data.non_tensor_batch["uid"].tolist(),
+        [(row, 0) for row in rows],
+        rewards,
+        advantages,
+        shaper,
+        started,
+        early,
     )
     data.batch["advantages"] = (
         data.batch["advantages"] + bonus.to(mask.device, data.batch["advantages"].dtype)[:, None] * mask
     )
     return data, metrics
+
+
+def submit_v0(trainer, data) -> None:
+    """v0, before veRL's first pass between the reward and the advantage step: the step's scoring starts, its
+    members as shape_batch will take them (each row, its text as the rollout wrote it, its reward the summed
+    rm_scores, which veRL makes the token-level scores). Once a step: the later passes find it submitted."""
+    settings = early_settings(trainer)
+    if settings is None or "rm_scores" not in data.batch:  # no reward yet (a trainer of its own): scored late
+        return
+    started, shaper = time.perf_counter(), shaper_for(settings)
+    uids = data.non_tensor_batch["uid"].tolist()
+    responses, mask = data.batch["responses"], data.batch["response_mask"]  # (B, T): nothing rejected yet
+    if submitted_for(shaper, tuple(uids), (responses, mask)) is not None:
+        return
+    texts = policy_texts(_tokenizer(settings), responses, mask, mask)
+    _, members = session_groups(uids, [(row, 0) for row in range(len(uids))])
+    groups, rewards = member_lists(members, texts, data.batch["rm_scores"].sum(-1).tolist())
+    pending = shaper.submit(groups, rewards=rewards, started=started)
+    _submitted[shaper] = Submitted(pending, tuple(uids), texts, (responses, mask))
 
 
 def generated_texts(batch, tokenizer) -> tuple[list[str | None], list]:
@@ -451,30 +570,14 @@ def generated_texts(batch, tokenizer) -> tuple[list[str | None], list]:
     return policy_texts(tokenizer, fields["responses"].unbind(), masks, masks), masks
 
 
-def shape_transfer_queue(
-    batch, texts: list[str | None], estimator: str, shaper: SetpoShaper, started: float
-) -> dict[str, float]:
-    """v1: read the step's fresh advantages from TransferQueue, shape, write back. texts: generated_texts().
-    A member of a prompt's group is what veRL's estimator counts as one sample (row_sessions)."""
-    import transfer_queue as tq
-    from tensordict import TensorDict
+def transfer_queue_sessions(batch, uids: list, estimator: str, shaper: SetpoShaper) -> tuple[list, int]:
+    """v1: each row's member of its group (row_sessions) and the groups fitted: a group of more outputs than the
+    service takes (a loop's multi-output sessions under a per-output estimator) is fitted as veRL's GRPO takes it,
+    one member a session (rollout.n of them: start() proved those fit)."""
     from verl.trainer.ppo.core_algos import AdvantageEstimator
-    from verl.workers.utils.padding import response_to_nested
 
-    fields = tq.kv_batch_get(
-        keys=batch.keys,
-        partition_id=batch.partition_id,
-        select_fields=["uid", "response_mask", "rm_scores", "advantages"],
-    )
-    nested_mask = fields["response_mask"]  # after rollout correction: what veRL trains; a rejected row is all 0
-    texts = [text if trained.any() else None for text, trained in zip(texts, nested_mask.unbind())]
-    uids = np.array(
-        fields["uid"].tolist() if hasattr(fields["uid"], "tolist") else list(fields["uid"]), dtype=object
-    ).tolist()
     tags = batch.tags or [{}] * len(batch.keys)
     sessions = row_sessions(batch.keys, tags, estimator)
-    # a group of more outputs than the service takes (a loop's multi-output sessions under a per-output estimator)
-    # is fitted as veRL's GRPO takes it, one member a session (rollout.n of them: start() proved those fit)
     if shaper.info is None and shaper.weight > 0:  # forgotten after a failed step: the limits are asked again
         with contextlib.suppress(SetpoError):  # a failure here meets the step's scoring, under the fault policy
             shaper.info = shaper.learn_info()
@@ -486,14 +589,65 @@ def shape_transfer_queue(
         sessions = [
             as_grpo[row] if uid in fitted else session for row, (uid, session) in enumerate(zip(uids, sessions))
         ]
+    return sessions, len(fitted)
+
+
+def listed(values) -> list:
+    """A TransferQueue field of strings (uid) as a list."""
+    return np.array(values.tolist() if hasattr(values, "tolist") else list(values), dtype=object).tolist()
+
+
+def submit_v1(trainer, batch) -> None:
+    """v1, before veRL's first pass between the reward and the advantage step: the step's scoring starts, its
+    members as shape_transfer_queue will take them. Once a step: the later passes find it submitted."""
+    import transfer_queue as tq
+
+    settings, rows = early_settings(trainer), (batch.partition_id, tuple(batch.keys))
+    if settings is None or submitted_for(shaper_for(settings), rows) is not None:
+        return
+    started, shaper = time.perf_counter(), shaper_for(settings)
+    fields = tq.kv_batch_get(
+        keys=batch.keys,
+        partition_id=batch.partition_id,
+        select_fields=["uid", "responses", "response_mask", "rm_scores"],
+    )
+    masks = fields["response_mask"].unbind()  # as the rollout made it: nothing rejected yet
+    texts = policy_texts(trainer.tokenizer, fields["responses"].unbind(), masks, masks)
+    uids = listed(fields["uid"])
+    sessions, _ = transfer_queue_sessions(batch, uids, trainer.config.algorithm.adv_estimator, shaper)
+    _, members = session_groups(uids, sessions)
+    groups, rewards = member_lists(members, texts, fields["rm_scores"].to_padded_tensor(0.0).sum(-1).tolist())
+    pending = shaper.submit(groups, rewards=rewards, started=started)
+    _submitted[shaper] = Submitted(pending, rows, texts)
+
+
+def shape_transfer_queue(
+    batch, texts: list[str | None], estimator: str, shaper: SetpoShaper, started: float, early: Submitted | None = None
+) -> dict[str, float]:
+    """v1: read the step's fresh advantages from TransferQueue, shape, write back. texts: generated_texts() (or
+    early's, the same rows'). A member of a prompt's group is what veRL's estimator counts as one sample
+    (row_sessions)."""
+    import transfer_queue as tq
+    from tensordict import TensorDict
+    from verl.workers.utils.padding import response_to_nested
+
+    fields = tq.kv_batch_get(
+        keys=batch.keys,
+        partition_id=batch.partition_id,
+        select_fields=["uid", "response_mask", "rm_scores", "advantages"],
+    )
+    nested_mask = fields["response_mask"]  # after rollout correction: what veRL trains; a rejected row is all 0
+    texts = [text if trained.any() else None for text, trained in zip(texts, nested_mask.unbind())]
+    uids = listed(fields["uid"])
+    sessions, fitted = transfer_queue_sessions(batch, uids, estimator, shaper)
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
     padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
     # v1's advantage step reads the reward model's rm_scores as veRL's token_level_scores
     rewards, row_advantages = row_rewards_and_advantages(
         fields["rm_scores"].to_padded_tensor(0.0), advantages, padded_mask
     )
-    bonus, metrics = shape_sessions(texts, uids, sessions, rewards, row_advantages, shaper, started)
-    metrics["setpo/fitted_groups"] = float(len(fitted))
+    bonus, metrics = shape_sessions(texts, uids, sessions, rewards, row_advantages, shaper, started, early)
+    metrics["setpo/fitted_groups"] = float(fitted)
     shaped = advantages + bonus.to(advantages.dtype)[:, None] * padded_mask
     tq.kv_batch_put(
         keys=batch.keys,
@@ -561,7 +715,9 @@ def install() -> None:
         started = time.perf_counter()
         generated = generated if generated is not None else data.batch["response_mask"]  # nothing was rejected
         tokenizer, shaper = _tokenizer(settings), shaper_for(settings)
-        data, data.meta_info["setpo_metrics"] = shape_batch(data, generated, tokenizer, shaper, started)
+        uids = tuple(data.non_tensor_batch["uid"].tolist())
+        early = take_submitted(shaper, uids, (data.batch["responses"], generated))
+        data, data.meta_info["setpo_metrics"] = shape_batch(data, generated, tokenizer, shaper, started, early)
         return data
 
     def compute_data_metrics(batch, *args, **kwargs):
@@ -571,13 +727,15 @@ def install() -> None:
         settings = setpo_settings(self.config.algorithm)
         if settings is None:
             return original_method(self, batch, metrics)
-        decoding_started = time.perf_counter()
-        texts, _ = generated_texts(batch, self.tokenizer)  # before veRL's step: its rollout correction masks tokens
+        decoding_started, shaper = time.perf_counter(), shaper_for(settings)
+        early = take_submitted(shaper, (batch.partition_id, tuple(batch.keys)))  # submit_v1's, for these rows
+        # before veRL's step: its rollout correction masks tokens
+        texts = early.texts if early is not None else generated_texts(batch, self.tokenizer)[0]
         decoding = time.perf_counter() - decoding_started
         batch = original_method(self, batch, metrics)
         started = time.perf_counter() - decoding  # setpo/time_s: the plug-in's own work, not veRL's step between
         estimator = self.config.algorithm.adv_estimator
-        metrics.update(shape_transfer_queue(batch, texts, estimator, shaper_for(settings), started))
+        metrics.update(shape_transfer_queue(batch, texts, estimator, shaper, started, early))
         if keeps_groups(settings) and (self.config.algorithm.get("filter_groups") or {}).get("enable", False):
             # the groups DAPO's filter kept since the last pass (they were kept before the step sampled them)
             metrics["setpo/kept_by_bonus"] = float(vars(self.replay_buffer).pop("setpo_kept_by_bonus", 0))
@@ -644,6 +802,9 @@ def install() -> None:
     )
     for wrapper in wrappers:
         wrapper.setpo_wrapped = True
+    for trainer_class, submit in ((ray_trainer.RayPPOTrainer, submit_v0), (trainer_base.PPOTrainer, submit_v1)):
+        for name in EARLY_PASSES:
+            setattr(trainer_class, name, submitting_first(getattr(trainer_class, name), submit))
     ray_trainer.compute_advantage = compute_advantage
     rollout_corr_helper.compute_rollout_correction_and_add_to_batch = compute_rollout_correction_and_add_to_batch
     ray_trainer.compute_data_metrics = compute_data_metrics
@@ -653,6 +814,19 @@ def install() -> None:
     v1_utils.MetricsAggregator._init_aggregation_rules = _init_aggregation_rules
     trainer_base.PPOTrainer._build_replay_buffer = _build_replay_buffer
     replay_buffer.ReplayBuffer._dapo_filtered_keys = _dapo_filtered_keys
+
+
+def submitting_first(method, submit: Callable):
+    """veRL's pass `method` (old log-probs, reference, values), which the step's scoring starts before: submit(trainer,
+    batch) starts it once a step, at the first of these passes that runs, and the passes then hide it."""
+
+    @functools.wraps(method)
+    def wrapper(self, batch, *args, **kwargs):
+        submit(self, batch)
+        return method(self, batch, *args, **kwargs)
+
+    wrapper.setpo_wrapped = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 _tokenizers: dict[str, object] = {}
