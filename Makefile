@@ -62,9 +62,11 @@ UV_STAMP := $(UV_VENV)/.installed
 # Expanded once, when a venv is first built: `pip config list` as uv flags.
 UV_FLAGS = $(eval UV_FLAGS := $(shell $(PYTHON) mk/uv_flags.py))$(UV_FLAGS)
 # $(call install,DIR,ARGS): `pip install ARGS` into the venv DIR, by uv if it is there, else (or if uv fails) by pip.
+# --compile-bytecode, as pip does: else the first import compiles, and a package's SyntaxWarnings reach the stderr
+# of our commands (tests/eval/test_bad_input.py reads setpo-eval's).
 install = $(if $(filter uv,$(INSTALLER)),$(uv_install),$(pip_install))
 pip_install = $(1)/bin/python -m pip install -q $(2)
-uv_install = { [ -x $(UV) ] && $(UV) pip install --quiet --python $(1)/bin/python $(UV_FLAGS) $(2); } \
+uv_install = { [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(1)/bin/python $(UV_FLAGS) $(2); } \
 	|| { [ ! -x $(UV) ] || echo "uv failed: pip installs $(strip $(2))"; $(pip_install); }
 
 # uv itself, installed by pip (under a minute). If pip cannot install it, every venv is built with pip, as before uv.
