@@ -78,9 +78,10 @@ class PendingStep:
     work: Future | None  # None: nothing to ask (weight 0, no groups)
     submit_s: float = 0.0  # the caller's time from `started` to submit's return
 
-    def result(self, advantages: Sequence[Sequence[float]] | None = None) -> "ShapedStep":
-        """The step shaped, once: waits for its answers (see SetpoShaper.submit); advantages as for score()."""
-        return self.shaper.collect(self, advantages)
+    def result(self, advantages: Sequence[Sequence[float]] | None = None, since: float | None = None) -> "ShapedStep":
+        """The step shaped, once: waits for its answers (see SetpoShaper.submit); advantages as for score(). since:
+        when the caller's own SetPO work before this call began (reading the step back), counted as blocked."""
+        return self.shaper.collect(self, advantages, since)
 
 
 @dataclass
@@ -273,13 +274,16 @@ class SetpoShaper:
         answered = self.send(batches, weight, counts, deadline, in_flight)  # 3. the service's answers
         return answered, time.perf_counter() - began
 
-    def collect(self, step: "PendingStep", advantages: Sequence[Sequence[float]] | None) -> ShapedStep:
+    def collect(
+        self, step: "PendingStep", advantages: Sequence[Sequence[float]] | None, since: float | None = None
+    ) -> ShapedStep:
         """PendingStep.result: waits for the step's answers, then applies the fault policy, puts the bonus back
         onto the members, steps the controller and times the step."""
         if step is not self.pending:
             raise RuntimeError("this step's SetPO scoring was collected already, or dropped for a later step's")
         self.pending = None
         waiting = time.perf_counter()
+        reading = 0.0 if since is None else waiting - since  # the caller's work at collect, before result()
         answered: list[tuple[int, GroupResult]] = []
         failed, work_s = False, 0.0
         if step.work is not None:
@@ -310,8 +314,8 @@ class SetpoShaper:
         now = time.perf_counter()
         after = now - waiting - blocked
         # time_s: SetPO's own work (the caller's before submit, the requests, this); wait_s: what of it blocked
-        metrics["setpo/time_s"] = step.submit_s + work_s + after
-        metrics["setpo/wait_s"] = step.submit_s + blocked + after
+        metrics["setpo/time_s"] = step.submit_s + reading + work_s + after
+        metrics["setpo/wait_s"] = step.submit_s + reading + blocked + after
         if self.previous_start is not None:  # a whole training step: from the previous step's start to now
             metrics["setpo/time_share"] = metrics["setpo/wait_s"] / (now - self.previous_start)
         self.previous_start = step.started

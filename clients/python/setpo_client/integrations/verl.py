@@ -388,9 +388,7 @@ def shape_sessions(
     groups, scores = member_lists(members, texts, rewards)
     per_member = [[advantages[row] for row in group] for group in members]
     if early is not None and (early.pending.groups, early.pending.rewards) == (groups, scores):
-        reading = time.perf_counter() - started  # the plug-in's reads at collect, which the shaper did not see
-        step = early.pending.result(per_member)
-        count_blocked(step.metrics, reading)
+        step = early.pending.result(per_member, since=started)  # the plug-in's reads at collect blocked too
     else:
         if early is not None:  # a row rejected whole by rollout correction since: the answer is not this step's
             log.warning("SetPO: the step's members changed after its scoring started (rollout correction); re-scored")
@@ -405,16 +403,6 @@ def member_lists(members: list[list[int]], texts: Sequence, rewards: Sequence[fl
     return [[texts[row] for row in group] for group in members], [
         [float(rewards[row]) for row in group] for group in members
     ]
-
-
-def count_blocked(metrics: dict[str, float], seconds: float) -> None:
-    """Adds SetPO time the trainer blocked on that the shaper could not see (the plug-in's reads at collect, before
-    PendingStep.result) to setpo/time_s and setpo/wait_s, and to setpo/time_share, which is wait_s over the step."""
-    waited = metrics["setpo/wait_s"]
-    metrics["setpo/time_s"] += seconds
-    metrics["setpo/wait_s"] += seconds
-    if "setpo/time_share" in metrics and waited > 0:
-        metrics["setpo/time_share"] *= metrics["setpo/wait_s"] / waited
 
 
 def rejects_rows(algorithm_config) -> bool:

@@ -33,7 +33,7 @@ from openrlhf.utils.logging_utils import init_logger
 
 from setpo_client.client import DEFAULT_URL, SetpoClient
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
-from setpo_client.shaping import PendingStep, SetpoShaper
+from setpo_client.shaping import PendingStep, SetpoShaper, ShapedStep
 from setpo_trainer.openrlhf.flags import spell
 
 logger = init_logger(__name__)
@@ -101,7 +101,7 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         # response tokens; constant per row for group_norm unless the KL is in the reward
         advantages = in_rollout_order(experiences, [row_means(e.advantages, e.action_mask) for e in experiences])
         starts = range(0, len(rows), n)  # each group's first row
-        step = self.collect(rows, start).result([advantages[i : i + n] for i in starts])
+        step = self.collect(rows, start, [advantages[i : i + n] for i in starts])
 
         algo, floor = self.args.algo, self.setpo.min_reward
         if floor is not None and algo.dynamic_filtering_enable and math.isinf(algo.dynamic_filtering_range[1]):
@@ -151,22 +151,20 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
             started=started,
         )
 
-    def collect(self, rows: list[Row], started: float) -> PendingStep:
-        """The step submitted in make_experience if it was computed for exactly these rows; else these rows,
-        submitted now (the early step is then dropped by SetpoShaper.submit, its thread waited for). `started`:
+    def collect(self, rows: list[Row], started: float, advantages: list[list[float]]) -> ShapedStep:
+        """The step submitted in make_experience, shaped, if it was computed for exactly these rows; else these
+        rows, scored now (the early step is then dropped by SetpoShaper.submit, its thread waited for). `started`:
         when this step's SetPO work at the advantage step began."""
         early, self.early = self.early, None
         if early is not None:
             pending, submitted = early
             if same_rows(submitted, rows):
-                # the work since `started` blocked the trainer as submit's did: SetPO's time that nothing hides
-                pending.submit_s += time.perf_counter() - started
-                return pending
+                return pending.result(advantages, since=started)  # the work since `started` blocked too
             logger.warning(
                 f"SetPO: the experiences changed between make_experience ({len(submitted)} rows) and the advantage "
                 f"step ({len(rows)} rows): the answer for the first is dropped and these rows are scored now"
             )
-        return self.submit(rows, started)
+        return self.submit(rows, started).result(advantages)
 
 
 def penalized_rewards(samples_list: list[Experience], args) -> list[torch.Tensor]:
