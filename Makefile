@@ -105,15 +105,21 @@ include $(filter-out mk/trl.mk,$(wildcard mk/*.mk))
 # uv before any venv (order only: a new uv pin does not rebuild the venvs).
 $(STAMP) $(TRL_STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) $(DEPLOY_STAMP) $(INFINITY_STAMP): | $(UV_STAMP)
 
-# lint first: the fastest check, so a red CI says so within minutes; then the slowest tests over every suite and
-# every suite's wall time, this run's only
-test: test-times lint $(TEST_TARGETS)
+# lint first: the fastest check, so a red CI says so within minutes; then the suites, TEST_JOBS at a time (each
+# suite is one process at a time and leaves a core idle while it waits on the servers and trainers it starts:
+# docs/development.md), each suite's output printed whole when it ends, all of them run even when one fails; then
+# the slowest tests over every suite and every suite's wall time, this run's only, and make's own exit status.
+TEST_JOBS ?= 2
+TEST_FAILED := out/test-failed
+test: test-times lint
+	@$(MAKE) --no-print-directory --keep-going -j$(TEST_JOBS) --output-sync=target $(TEST_TARGETS) || touch $(TEST_FAILED)
 	@$(PYTHON) mk/slowest.py $(SLOWEST) $(JUNIT_DIR)/*.xml
 	@echo "suite wall times:"; cat $(TEST_TIMES)
+	@[ ! -e $(TEST_FAILED) ] || { echo "make test: a suite failed (its output above)"; exit 2; }
 
 # A prerequisite listed before lint and the suites, so that it runs first: the times and reports are this run's alone.
 test-times:
-	rm -f $(TEST_TIMES) $(JUNIT_DIR)/*.xml
+	rm -f $(TEST_TIMES) $(TEST_FAILED) $(JUNIT_DIR)/*.xml
 
 # ruff (lint and format) and mypy over the shipped packages; rules in pyproject.toml; .pre-commit-config.yaml
 # runs the same three

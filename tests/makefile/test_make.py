@@ -70,15 +70,22 @@ def test_make_test_times_every_suite_and_prints_the_summary_last():
     lines = dry_run("test")
     suites = make_value("TEST_TARGETS")
     assert "test-service" in suites and len(suites) >= 6, suites
-    reset = lines.index("rm -f out/test-times.txt out/junit/*.xml")
+    reset = lines.index("rm -f out/test-times.txt out/test-failed out/junit/*.xml")
     assert reset < next(i for i, line in enumerate(lines) if "ruff check" in line)
     timed = [line for line in lines if "| tee -a out/test-times.txt; exit $rc" in line]
     assert [line for line in timed if "-m pytest" in line] == timed, timed
     assert [next(s for s in suites if f'echo "{s} $SECONDS s' in line) for line in timed] == suites, timed
     # each suite's JUnit report, from which the slowest tests over every suite are printed before the times
     assert [next(s for s in suites if f"--junitxml=out/junit/{s}.xml" in line) for line in timed] == suites, timed
-    assert "mk/slowest.py" in lines[-2], lines[-2]
-    assert lines[-1].endswith("cat out/test-times.txt"), lines[-1]
+    assert "mk/slowest.py" in lines[-3], lines[-3]
+    assert lines[-2].endswith("cat out/test-times.txt"), lines[-2]
+    assert lines[-1].startswith("[ ! -e out/test-failed ] ||") and "exit 2" in lines[-1], lines[-1]
+
+
+def test_make_test_runs_the_suites_two_at_a_time_and_every_one_even_after_a_failure():
+    (suites_line,) = [line for line in dry_run("test") if "--output-sync=target" in line]
+    assert "--keep-going -j2 " in suites_line and suites_line.endswith(" || touch out/test-failed"), suites_line
+    assert all(f" {suite} " in suites_line for suite in make_value("TEST_TARGETS")), suites_line
 
 
 def test_a_failing_suite_still_fails_make_and_its_time_is_kept(tmp_path):

@@ -1,12 +1,16 @@
 """SETPO_DTYPE=auto on CPU (issue 29): bfloat16 only where the CPU has a native bfloat16 flag, a probe at start
 measures it faster, and its embeddings stay within SETPO_BF16_MIN_COSINE of float32's; /info says which and why.
+The probe's measurement is kept in SETPO_DTYPE_PROBE_CACHE for the next start on the same CPU, torch and model.
 The decision runs on the real embedded model; an explicit SETPO_DTYPE is always obeyed."""
+
+import copy
+import json
 
 import pytest
 import torch
 
 from setpo_core.diversity import cosine_kernel, set_diversity
-from setpo_server.precision import MIN_SPEEDUP, NATIVE_FLAGS, choose_cpu_dtype, native_bf16_flag
+from setpo_server.precision import MIN_SPEEDUP, NATIVE_FLAGS, choose_cpu_dtype, native_bf16_flag, probe_key
 from tests.inprocess import InProcessService
 from tests.server.test_bfloat16 import GROUPS
 
@@ -69,3 +73,72 @@ def test_an_explicit_dtype_is_obeyed_and_named():
     with InProcessService(dtype="float32") as service, service.client() as client:
         info = client.info()
     assert (info.dtype, info.dtype_reason) == ("float32", "SETPO_DTYPE=float32")
+
+
+def test_a_kept_measurement_is_used_at_the_next_start_and_the_cosine_bound_applied_afresh(st_model, tmp_path):
+    cache = tmp_path / "setpo" / "dtype-probe.json"
+    first, _ = choose_cpu_dtype(st_model, "avx512_bf16", 0.0, cache)
+    (entry,) = json.loads(cache.read_text()).values()
+    assert (entry["speedup"], entry["min_cosine"]) == (first.speedup, first.min_cosine)
+    assert not first.reason.endswith("kept from an earlier start)")
+    # a value no probe measures proves the next start reads the file instead of probing
+    cache.write_text(json.dumps({key: {**kept, "speedup": 7.0} for key, kept in json.loads(cache.read_text()).items()}))
+    kept, served = choose_cpu_dtype(st_model, "avx512_bf16", 0.0, cache)
+    assert (kept.dtype, kept.speedup, kept.min_cosine) == (torch.bfloat16, 7.0, first.min_cosine)
+    assert next(served.parameters()).dtype == torch.bfloat16
+    assert (
+        kept.reason
+        == f"auto: bfloat16 (native avx512_bf16, 7.0x, min cos {first.min_cosine:.5f}, kept from an earlier start)"
+    )
+    refused, served = choose_cpu_dtype(
+        st_model, "avx512_bf16", 1.5, cache
+    )  # the bound is the setting's, not the file's
+    assert refused.dtype == torch.float32 and served is st_model and refused.reason.endswith("< 1.5)")
+
+
+def test_another_model_cpu_flag_or_thread_count_is_probed_anew(st_model, tmp_path):
+    key = probe_key(st_model, "avx512_bf16")
+    tuned = copy.deepcopy(st_model)
+    with torch.no_grad():
+        next(tuned.parameters())[0, 0] += 1e-3  # one weight of a fine-tuned copy at the same path
+    other_cpu = tmp_path / "cpuinfo"
+    other_cpu.write_text("processor\t: 0\nmodel name\t: Another CPU\nflags\t\t: avx512_bf16\n\n")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        more_threads = probe_key(st_model, "avx512_bf16")
+    finally:
+        torch.set_num_threads(threads)
+    others = [
+        probe_key(tuned, "avx512_bf16"),
+        probe_key(st_model, "amx_bf16"),
+        probe_key(st_model, "avx512_bf16", other_cpu),
+        more_threads,
+    ]
+    assert key == probe_key(st_model, "avx512_bf16") and key not in others and len(set(others)) == 4
+
+
+def test_a_cache_that_cannot_be_read_or_written_probes_and_decides_as_without_one(st_model, tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    decision, _ = choose_cpu_dtype(st_model, "avx512_bf16", 0.0, broken)
+    assert decision.speedup is not None and not decision.reason.endswith("kept from an earlier start)")
+    (entry,) = json.loads(broken.read_text()).values()
+    assert entry["speedup"] == decision.speedup  # replaced, whole
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a folder that cannot be made, even by root: a read-only root file system's stand-in
+    decision, _ = choose_cpu_dtype(st_model, "avx512_bf16", 0.0, blocked / "dtype-probe.json")
+    assert decision.speedup is not None and not (blocked / "dtype-probe.json").exists()
+
+
+def test_a_restarted_service_says_its_precision_was_kept_from_its_first_start(tmp_path):
+    cache = tmp_path / "dtype-probe.json"
+    reasons = []
+    for _ in range(2):
+        with InProcessService(dtype="auto", dtype_probe_cache=cache) as service, service.client() as client:
+            reasons.append(client.info().dtype_reason)
+    if native_bf16_flag() is None:  # nothing measured, nothing kept
+        assert not cache.exists() and reasons[0] == reasons[1]
+    else:
+        assert not reasons[0].endswith("kept from an earlier start)")
+        assert reasons[1] == reasons[0].removesuffix(")") + ", kept from an earlier start)"

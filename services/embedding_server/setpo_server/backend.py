@@ -74,7 +74,9 @@ class Backend:
             f"SETPO_DTYPE={settings.dtype}" if settings.dtype != "auto" else f"auto: {chosen} on {self.device}"
         )
         if settings.dtype == "auto" and self.device == "cpu":
-            decision, self.model = choose_cpu_dtype(self.model, native_bf16_flag(), settings.bf16_min_cosine)
+            decision, self.model = choose_cpu_dtype(
+                self.model, native_bf16_flag(), settings.bf16_min_cosine, settings.dtype_probe_cache
+            )
             self.dtype, self.dtype_reason = decision.dtype, decision.reason
         self.created = int(time.time())  # OpenAI's `created` of the served model (GET /v1/models)
         if settings.compile:

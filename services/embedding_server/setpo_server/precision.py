@@ -3,16 +3,25 @@ and its embeddings stay within SETPO_BF16_MIN_COSINE of float32's (docs/benchmar
 
 A CPU flag alone does not decide: on an Intel CPU with avx512_bf16 but no AMX bfloat16 served slower than float32,
 and without either flag torch emulates it, slower still. So the backend, at start, before /ready, embeds a fixed
-probe set in both precisions and keeps the other one only when it wins on both counts.
+probe set in both precisions and keeps the other one only when it wins on both counts. The measurement (not the
+decision: SETPO_BF16_MIN_COSINE is applied afresh) is kept in SETPO_DTYPE_PROBE_CACHE under what it depends on, the
+CPU, the thread count, torch and the model's weights, so a restart on the same machine is ready seconds sooner.
 """
 
 import copy
+import hashlib
+import json
+import logging
+import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+log = logging.getLogger("setpo_server")
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer  # heavy: the backend imports it off the event loop
@@ -66,15 +75,50 @@ def native_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     return next((flag for flag in NATIVE_FLAGS if flag in flags), None)
 
 
-def choose_cpu_dtype(
-    model: "SentenceTransformer", flag: str | None, min_cosine: float
-) -> tuple[Decision, "SentenceTransformer"]:
-    """The decision for a float32 SentenceTransformer on CPU, and the model to serve (a bfloat16 copy or `model`)."""
-    if flag is None:
-        return Decision(
-            torch.float32, f"auto: float32 (no native bfloat16: no {' or '.join(NATIVE_FLAGS)} flag)"
-        ), model
-    candidate = copy.deepcopy(model).to(torch.bfloat16)
+def probe_key(model: "SentenceTransformer", flag: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """What the probe's measurement depends on, as one string: the CPU, its flag, torch and its threads, and a
+    digest of every weight (a fine-tuned model at the same path is another model)."""
+    weights = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        weights.update(name.encode())
+        weights.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+    cpu = next(iter(cpuinfo_values("model name", cpuinfo)), "unknown")
+    return json.dumps([cpu, flag, torch.__version__, torch.get_num_threads(), weights.hexdigest()])
+
+
+def cached_probe(cache: Path, key: str) -> tuple[float, float] | None:
+    """(speedup, min cosine) kept for key, or None (no file, no entry, or a file that cannot be read as one)."""
+    try:
+        entry = json.loads(cache.read_text()).get(key)
+        return (float(entry["speedup"]), float(entry["min_cosine"])) if entry else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def keep_probe(cache: Path, key: str, speedup: float, worst: float) -> None:
+    """Adds key's measurement to the cache file, written whole and renamed into place (servers starting at once
+    each write a complete file). A cache that cannot be written (a read-only file system) is only logged."""
+    try:
+        kept = json.loads(cache.read_text()) if cache.exists() else {}
+    except (OSError, ValueError):
+        kept = {}
+    kept = kept if isinstance(kept, dict) else {}
+    kept[key] = {
+        "speedup": speedup,
+        "min_cosine": worst,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=cache.parent, prefix=cache.name, delete=False) as file:
+            json.dump(kept, file, indent=1)
+        os.replace(file.name, cache)
+    except OSError as exc:
+        log.info("the bfloat16 probe's measurement is not kept in %s: %s", cache, exc)
+
+
+def measure(model: "SentenceTransformer", candidate: "SentenceTransformer") -> tuple[float, float]:
+    """(float32 time / bfloat16 time, the worst cosine between their embeddings) on the probe texts."""
     features = model.tokenize(PROBE)
     times: dict[torch.dtype, float] = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
     embeddings = {}
@@ -84,10 +128,26 @@ def choose_cpu_dtype(
             with torch.inference_mode():
                 embeddings[dtype] = each.forward(dict(features))["sentence_embedding"].float()
             times[dtype] = min(times[dtype], time.perf_counter() - started)
-    speedup = times[torch.float32] / times[torch.bfloat16]
     cosine = torch.nn.functional.cosine_similarity(embeddings[torch.float32], embeddings[torch.bfloat16], dim=-1)
-    worst = float(cosine.min())
-    measured = f"native {flag}, {speedup:.1f}x, min cos {worst:.5f}"
+    return times[torch.float32] / times[torch.bfloat16], float(cosine.min())
+
+
+def choose_cpu_dtype(
+    model: "SentenceTransformer", flag: str | None, min_cosine: float, cache: Path | None = None
+) -> tuple[Decision, "SentenceTransformer"]:
+    """The decision for a float32 SentenceTransformer on CPU, and the model to serve (a bfloat16 copy or `model`).
+    With a cache file, a measurement kept there for this CPU, torch and model is used instead of probing."""
+    if flag is None:
+        return Decision(
+            torch.float32, f"auto: float32 (no native bfloat16: no {' or '.join(NATIVE_FLAGS)} flag)"
+        ), model
+    candidate = copy.deepcopy(model).to(torch.bfloat16)
+    key = probe_key(model, flag) if cache else ""
+    kept = cached_probe(cache, key) if cache else None
+    speedup, worst = kept or measure(model, candidate)
+    if cache and kept is None:
+        keep_probe(cache, key, speedup, worst)
+    measured = f"native {flag}, {speedup:.1f}x, min cos {worst:.5f}{', kept from an earlier start' if kept else ''}"
     if worst < min_cosine:
         return Decision(torch.float32, f"auto: float32 (bfloat16 {measured} < {min_cosine})", speedup, worst), model
     if speedup < MIN_SPEEDUP:

@@ -4,6 +4,7 @@ Each field's docstring is its `--help` text (pydantic-settings' CLI, which also 
 """
 
 import inspect
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -12,6 +13,10 @@ from pydantic_settings import BaseSettings, CliSuppress, NoDecode, SettingsConfi
 
 from setpo_core.diversity import SHAPES
 from setpo_server.keys import parse_keys, read_key_file
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "setpo"
 
 
 class Settings(BaseSettings):
@@ -45,6 +50,8 @@ class Settings(BaseSettings):
     """auto = float16 on CUDA; on CPU bfloat16 where the CPU runs it natively and a probe at start measures it faster and within bf16-min-cosine of float32, else float32 (/info says which and why)."""
     bf16_min_cosine: Annotated[float, Field(gt=0, le=1)] = 0.9995
     """auto on CPU: bfloat16 is kept only if every probe embedding is within this cosine of float32's."""
+    dtype_probe_cache: Path | None = Field(default_factory=lambda: default_cache() / "dtype-probe.json")
+    """auto on CPU: the file that keeps the probe's measurement for this CPU, thread count, torch and model, so a restart skips it (seconds); empty = probe at every start."""
     truncation_side: Literal["right", "left"] = "right"
     """Which end of an over-long text is cut."""
     # +0-12 % throughput on the 2-core CPU (docs/benchmarks.md section 8), 17-53 s more at start.
@@ -134,7 +141,7 @@ class Settings(BaseSettings):
             raise ValueError("must be printable ASCII (an HTTP header carries it); choose another key")
         return key if key is not None and key.get_secret_value() else None
 
-    @field_validator("api_key_file", mode="before")
+    @field_validator("api_key_file", "dtype_probe_cache", mode="before")
     @classmethod
     def _empty_file_means_none(cls, path: object) -> object:
         return None if path == "" else path  # as SETPO_API_KEY: compose passes an empty .env value through

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -262,9 +263,12 @@ def test_the_key_is_in_no_log_printed_argument_or_tracker_config(tiny_model, tmp
 
 def test_a_service_that_is_not_there_at_start_stops_the_trainer_before_training(tiny_model, tmp_path):
     # as setpo-train and veRL do: a wrong URL would otherwise train the whole run without SetPO, step by step
+    # setpo_ready_timeout bounds the wait for a service still starting (default 120 s, veRL's ready_timeout)
     down = SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=0)
+    started = time.monotonic()
     with pytest.raises(SetpoError, match="is not usable"):
-        make_trainer(tiny_model, down, tmp_path, on_error="skip")
+        make_trainer(tiny_model, down, tmp_path, on_error="skip", setpo_policy={"setpo_ready_timeout": 2})
+    assert time.monotonic() - started < 60  # the knob's 2 s, not the default 120 s
 
 
 def test_groups_larger_than_the_service_takes_are_refused_at_start(tiny_model, tmp_path):

@@ -13,7 +13,8 @@ r"<answer>(.*?)</answer>"), and setpo_controller=WeightController(target_ratio=.
 step's) so the bonus is that share of TRL's advantages.
 
 Several replicas of the service: SetpoClient("http://a:8000,http://b:8000") (or SETPO_URL so spelled); a step's
-requests fan out over them, setpo_in_flight at once (default: one per replica).
+requests fan out over them, setpo_in_flight at once (default: one per replica). setpo_ready_timeout: how many seconds
+the constructor waits for a service that is still starting before it refuses to (veRL's ready_timeout).
 
 The service's key comes from $SETPO_API_KEY (SetpoClient's default): never put it in GRPOConfig, which TRL
 prints and sends to its trackers.
@@ -79,6 +80,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
         setpo_controller: WeightController | None = None,
         setpo_embed_span: str | None = None,
         setpo_in_flight: int | None = None,
+        setpo_ready_timeout: float = 120.0,
         **kwargs,
     ):
         # the hooks must still be TRL's own seams, or this subclass would add methods nobody calls
@@ -105,7 +107,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
             setpo_client, setpo_weight, setpo_on_error, setpo_max_chars, in_flight=setpo_in_flight, **policy
         )
         if setpo_weight > 0:  # fail now, not after the first generation round; TRL's advantages are group-relative
-            self.setpo.start(group_size=self.num_generations, spell=spell)
+            self.setpo.start(group_size=self.num_generations, spell=spell, ready_timeout=setpo_ready_timeout)
         self.setpo_rewards: torch.Tensor | None = None  # the step's rewards, all processes (_calculate_rewards)
         self.setpo_pending: PendingStep | None = None  # this step's scoring, started at generation (_generate)
 
