@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from setpo_core.diversity import cosine_kernel, set_diversity
-from setpo_server.precision import MIN_SPEEDUP, NATIVE_FLAGS, choose_cpu_dtype, native_bf16_flag, probe_key
+from setpo_server.precision import (
+    MIN_SPEEDUP,
+    NATIVE_FLAGS,
+    cached_probe,
+    choose_cpu_dtype,
+    keep_probe,
+    native_bf16_flag,
+    probe_key,
+)
 from tests.inprocess import InProcessService
 from tests.server.test_bfloat16 import GROUPS
 
@@ -118,17 +126,18 @@ def test_another_model_cpu_flag_or_thread_count_is_probed_anew(st_model, tmp_pat
     assert key == probe_key(st_model, "avx512_bf16") and key not in others and len(set(others)) == 4
 
 
-def test_a_cache_that_cannot_be_read_or_written_probes_and_decides_as_without_one(st_model, tmp_path):
+def test_a_cache_that_cannot_be_read_or_written_is_no_measurement_and_no_error(tmp_path):
+    # choose_cpu_dtype probes when cached_probe finds nothing, then keep_probe: neither may fail the start
     broken = tmp_path / "broken.json"
-    broken.write_text("{not json")
-    decision, _ = choose_cpu_dtype(st_model, "avx512_bf16", 0.0, broken)
-    assert decision.speedup is not None and not decision.reason.endswith("kept from an earlier start)")
-    (entry,) = json.loads(broken.read_text()).values()
-    assert entry["speedup"] == decision.speedup  # replaced, whole
+    for text in ("{not json", "[1, 2]", '{"k": {"speedup": "fast"}}', '{"k": 3}'):
+        broken.write_text(text)
+        assert cached_probe(broken, "k") is None, text
+    keep_probe(broken, "k", 1.8, 0.9999)  # a broken file is replaced, whole
+    assert cached_probe(broken, "k") == (1.8, 0.9999)
     blocked = tmp_path / "a-file"
     blocked.write_text("")  # a folder that cannot be made, even by root: a read-only root file system's stand-in
-    decision, _ = choose_cpu_dtype(st_model, "avx512_bf16", 0.0, blocked / "dtype-probe.json")
-    assert decision.speedup is not None and not (blocked / "dtype-probe.json").exists()
+    keep_probe(blocked / "dtype-probe.json", "k", 1.8, 0.9999)
+    assert cached_probe(blocked / "dtype-probe.json", "k") is None and blocked.read_text() == ""
 
 
 def test_a_restarted_service_says_its_precision_was_kept_from_its_first_start(tmp_path):
