@@ -81,14 +81,15 @@ $(UV_STAMP): requirements/uv.txt
 # file and packages), then NO-DEPS PIP ARGS with --no-deps (packages whose declared dependencies must not be
 # resolved), and stamps DIR/.installed. The venv itself is Python's (pip and setuptools in it, for `make lock` and
 # deepspeed's --no-build-isolation build); the installs are uv's or pip's ($(install) above), quiet (a first
-# `make demo` fits on a screen); errors still show. Each venv's stamp depends on uv's, order only.
+# `make demo` fits on a screen): each step prints one line, its pip arguments, not uv's long command; errors still
+# show. Each venv's stamp depends on uv's, order only.
 define venv
 @echo "building $(1) (once; a minute or two with uv, a few with pip)"
 $(PYTHON) -m venv $(1)
-$(call install,$(1),--upgrade pip)
-$(if $(filter none,$(4)),,$(call install,$(1),$(or $(4),$(TORCH))))
-$(call install,$(1),$(2))
-$(if $(3),$(call install,$(1),--no-deps $(3)))
+@echo "$(1): pip install --upgrade pip"; $(call install,$(1),--upgrade pip)
+$(if $(filter none,$(4)),,@echo "$(1): pip install $(or $(4),$(TORCH))"; $(call install,$(1),$(or $(4),$(TORCH))))
+@echo "$(1): pip install $(strip $(2))"; $(call install,$(1),$(2))
+$(if $(3),@echo "$(1): pip install --no-deps $(3)"; $(call install,$(1),--no-deps $(3)))
 touch $(1)/.installed
 endef
 
