@@ -1,6 +1,7 @@
 """The settings table of docs/service.md (the README links to it) lists every SETPO_* setting with its real
 default, and nothing else."""
 
+import os
 import re
 from pathlib import Path
 
@@ -17,16 +18,17 @@ def section(text: str, heading: str) -> str:
     return text[start.end() : end.start() if end else len(text)]
 
 
-def test_service_page_lists_every_setting_with_its_default(monkeypatch):
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+def test_service_page_lists_every_setting_with_its_default():
     settings = section(SERVICE_PAGE.read_text(), "Settings")  # the service's own table, not the deployment one
     rows = dict(re.findall(r"^\| `SETPO_([A-Z0-9_]+)` \| ([^|]+) \|", settings, re.MULTILINE))
     documented = {name.lower(): default.strip() for name, default in rows.items()}
     assert set(documented) == set(Settings.model_fields)
     for name, field in Settings.model_fields.items():
-        # a default computed at start (a path under the home folder) is documented as a user reads it
-        default = (
-            str(field.default_factory()).replace(str(Path.home()), "~") if field.default_factory else field.default
-        )
+        default = field.default
+        if name == "dtype_probe_cache":  # under the home folder: documented as a user reads it
+            assert (
+                default == Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "setpo/dtype-probe.json"
+            )
+            default = "~/.cache/setpo/dtype-probe.json"
         expected = "*(unset)*" if default is None else "*(empty)*" if default == "" else f"`{default}`"
         assert documented[name] == expected, name

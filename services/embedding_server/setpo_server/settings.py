@@ -15,10 +15,6 @@ from setpo_core.diversity import SHAPES
 from setpo_server.keys import parse_keys, read_key_file
 
 
-def default_cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "setpo"
-
-
 class Settings(BaseSettings):
     """The diversity service for SetPO (docs/service.md). Every flag is also a SETPO_* variable (flags win).
     SETPO_API_KEY, from the environment only: the bearer key clients must send (unset: no key needed, unless
@@ -50,7 +46,9 @@ class Settings(BaseSettings):
     """auto = float16 on CUDA; on CPU bfloat16 where the CPU runs it natively and a probe at start measures it faster and within bf16-min-cosine of float32, else float32 (/info says which and why)."""
     bf16_min_cosine: Annotated[float, Field(gt=0, le=1)] = 0.9995
     """auto on CPU: bfloat16 is kept only if every probe embedding is within this cosine of float32's."""
-    dtype_probe_cache: Path | None = Field(default_factory=lambda: default_cache() / "dtype-probe.json")
+    dtype_probe_cache: Path | None = (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "setpo/dtype-probe.json"
+    )
     """auto on CPU: the file that keeps the probe's measurement for this CPU, thread count, torch and model, so a restart skips it (seconds); empty = probe at every start."""
     truncation_side: Literal["right", "left"] = "right"
     """Which end of an over-long text is cut."""
