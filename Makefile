@@ -64,7 +64,8 @@ UV_FLAGS = $(eval UV_FLAGS := $(shell $(PYTHON) mk/uv_flags.py))$(UV_FLAGS)
 # $(call install,DIR,ARGS): `pip install ARGS` into the venv DIR, by uv if it is there, else (or if uv fails) by pip.
 # --compile-bytecode, as pip does: else the first import compiles, and a package's SyntaxWarnings reach the stderr
 # of our commands (tests/eval/test_bad_input.py reads setpo-eval's).
-install = $(if $(filter uv,$(INSTALLER)),$(uv_install),$(pip_install))
+# It prints one line, its pip arguments, not uv's long command.
+install = echo "$(1): pip install $(strip $(2))"; $(if $(filter uv,$(INSTALLER)),$(uv_install),$(pip_install))
 pip_install = $(1)/bin/python -m pip install -q $(2)
 uv_install = { [ -x $(UV) ] && $(UV) pip install --quiet --compile-bytecode --python $(1)/bin/python $(UV_FLAGS) $(2); } \
 	|| { [ ! -x $(UV) ] || echo "uv failed: pip installs $(strip $(2))"; $(pip_install); }
@@ -81,15 +82,15 @@ $(UV_STAMP): requirements/uv.txt
 # file and packages), then NO-DEPS PIP ARGS with --no-deps (packages whose declared dependencies must not be
 # resolved), and stamps DIR/.installed. The venv itself is Python's (pip and setuptools in it, for `make lock` and
 # deepspeed's --no-build-isolation build); the installs are uv's or pip's ($(install) above), quiet (a first
-# `make demo` fits on a screen): each step prints one line, its pip arguments, not uv's long command; errors still
-# show. Each venv's stamp depends on uv's, order only.
+# `make demo` fits on a screen): each step prints one line; errors still show. Each venv's stamp depends on uv's,
+# order only.
 define venv
 @echo "building $(1) (once; a minute or two with uv, a few with pip)"
 $(PYTHON) -m venv $(1)
-@echo "$(1): pip install --upgrade pip"; $(call install,$(1),--upgrade pip)
-$(if $(filter none,$(4)),,@echo "$(1): pip install $(or $(4),$(TORCH))"; $(call install,$(1),$(or $(4),$(TORCH))))
-@echo "$(1): pip install $(strip $(2))"; $(call install,$(1),$(2))
-$(if $(3),@echo "$(1): pip install --no-deps $(3)"; $(call install,$(1),--no-deps $(3)))
+@$(call install,$(1),--upgrade pip)
+$(if $(filter none,$(4)),,@$(call install,$(1),$(or $(4),$(TORCH))))
+@$(call install,$(1),$(2))
+$(if $(3),@$(call install,$(1),--no-deps $(3)))
 touch $(1)/.installed
 endef
 

@@ -86,23 +86,28 @@ def probe_key(model: "SentenceTransformer", flag: str, cpuinfo: Path = Path("/pr
     return json.dumps([cpu, flag, torch.__version__, torch.get_num_threads(), weights.hexdigest()])
 
 
-def cached_probe(cache: Path, key: str) -> tuple[float, float] | None:
-    """(speedup, min cosine) kept for key, or None (no file, no entry, or a file that cannot be read as one)."""
+def kept_probes(cache: Path) -> dict:
+    """The cache file's measurements by key; {} when there is no file or it is not one such object."""
     try:
-        entry = json.loads(cache.read_text()).get(key)
+        kept = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def cached_probe(cache: Path, key: str) -> tuple[float, float] | None:
+    """(speedup, min cosine) kept for key, or None (no file, no entry, or an entry that cannot be read as one)."""
+    try:
+        entry = kept_probes(cache).get(key)
         return (float(entry["speedup"]), float(entry["min_cosine"])) if entry else None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError):
         return None
 
 
 def keep_probe(cache: Path, key: str, speedup: float, worst: float) -> None:
     """Adds key's measurement to the cache file, written whole and renamed into place (servers starting at once
     each write a complete file). A cache that cannot be written (a read-only file system) is only logged."""
-    try:
-        kept = json.loads(cache.read_text()) if cache.exists() else {}
-    except (OSError, ValueError):
-        kept = {}
-    kept = kept if isinstance(kept, dict) else {}
+    kept = kept_probes(cache)
     kept[key] = {
         "speedup": speedup,
         "min_cosine": worst,
