@@ -5,6 +5,8 @@ time when it breaks there, so each is checked here, on the CPU, against the real
   opentelemetry-api, which was not carried: a first GPU call died of that import);
 - qwen_shaped.build: a folder of Qwen3-Embedding-0.6B's architecture that sentence-transformers and the real
   service load, pooling the last token of left-padded input;
+- policy_shaped: a causal LM of Qwen2.5-1.5B's kind with SmolLM2's tokenizer, which TRL loads and generates with
+  (benchmarks.trl_wait on the GPU);
 - http_vs_inprocess.rollout: a training step's texts, prompts x 6, of the token lengths asked for;
 - stages: the batcher's packing (against the real Batcher's), and every stage timed on the real Backend;
 - replicas: each arrangement of services measured through SetpoShaper's own fan-out, its bonuses the serial path's.
@@ -19,7 +21,7 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
-from benchmarks.gpu import prepare, qwen_shaped, replicas, stages
+from benchmarks.gpu import policy_shaped, prepare, qwen_shaped, replicas, stages
 from benchmarks.http_vs_inprocess import chars_per_token, rollout
 from setpo_server.backend import Backend, embedded_model_path
 from setpo_server.batcher import Batcher
@@ -81,6 +83,27 @@ def test_the_service_serves_the_qwen_shaped_folder(qwen_folder: Path) -> None:
         assert (info.model, info.dimension, info.max_tokens) == (qwen_folder.name, 64, 512)
         result = service.client().diversity([{"texts": ["a", "b b", "c c c"]}])
         assert len(result.groups[0].marginals) == 3
+
+
+def test_policy_shaped_is_a_qwen2_policy_with_smollm2s_tokenizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from setpo_trainer.models import smollm2_path
+
+    monkeypatch.setattr("sys.argv", ["policy_shaped", str(tmp_path), "--tokenizer", str(smollm2_path()), "--tiny"])
+    policy_shaped.main()
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["vocab_size"] == 49152
+    for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads"):
+        assert config[name] == policy_shaped.TINY[name], name
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    prompt = tokenizer(["Natalia sold clips to 48 of her friends."], return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 6  # random weights run to the length asked
+    assert (tmp_path / "chat_template.jinja").exists()
 
 
 def test_rollout_is_prompts_by_six_distinct_texts_of_the_lengths_asked() -> None:
