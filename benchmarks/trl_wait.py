@@ -97,7 +97,7 @@ def main() -> None:
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "forms": {}, "args": vars(args)}
     service = {"dtype": "float32"} if args.device == "cpu" else {"dtype": "auto", "device": "cuda"}
     service.update(setting.split("=", 1) for setting in args.service)
-    with LocalServer(**service) as server, tempfile.TemporaryDirectory() as scratch:
+    with LocalServer(port=None, command=None, **service) as server, tempfile.TemporaryDirectory() as scratch:
         for name, form in FORMS.items():
             logged = run(form, server.url, args, Path(scratch) / "run")
             ratios = [entry["setpo/wait_s"] / entry["setpo/time_s"] for entry in logged]
