@@ -1,5 +1,6 @@
 """Start-up and shut-down: /health at once, /ready (and data routes) 503 until warm, bad models fail fast."""
 
+import gc
 import signal
 import time
 
@@ -70,3 +71,14 @@ def test_info_reports_model_and_limits(inprocess):
     assert info.limits.max_group_size == 256 and info.default_weight == 0.05 and info.shape == "neg_log1p"
     assert info.limits.max_batch_tokens == 2048  # "auto" resolved for the CPU
     assert not info.compiled  # SETPO_COMPILE is opt-in
+
+
+def test_the_log_file_lasts_as_long_as_its_server_object_and_no_longer():
+    """Every LocalServer wrote a log under /tmp and left it there: a day of test runs left over a thousand."""
+    server = LocalServer()
+    path = server.log_path
+    path.write_text("setpo-server: started\n")
+    assert server.log() == "setpo-server: started\n"
+    del server
+    gc.collect()
+    assert not path.exists()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +38,8 @@ class LocalServer:
             **{f"SETPO_{name.upper()}": str(value) for name, value in settings.items()},
         }
         self.log_path = Path(tempfile.mkstemp(prefix="setpo-server-", suffix=".log")[1])
+        # readable for as long as this object is (a test reads it after stop()); gone with it, not left in /tmp
+        weakref.finalize(self, self.log_path.unlink, missing_ok=True)
         self.process: subprocess.Popen | None = None
 
     @property
