@@ -101,7 +101,7 @@ def wheel_requirements(wheels: Path) -> list[str]:
 
 
 def unmet(
-    requirements: Iterable[str], carried_names: Iterable[str] = WHEELS, image_has: frozenset[str] | set[str] = IMAGE_HAS
+    requirements: Iterable[str], carried_names: Iterable[str] = WHEELS, image_has: set[str] = IMAGE_HAS
 ) -> set[str]:
     """The requirements (on Python 3.12, no extras) that nothing carried or in the GPU image meets: a missing one
     only shows there, as an ImportError, after minutes of device time."""
