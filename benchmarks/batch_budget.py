@@ -6,8 +6,11 @@ No HTTP, no JSON, no scoring: what is left between the service and in-process en
 the per-batch work (padding, the forward, the float32 normalisation); what a request adds on top is the difference
 between this and `http_vs_inprocess.py` / `peer_infinity.py`. docs/benchmarks.md section 20.
 
+--attention eager also times each budget with transformers' eager attention instead of its default (sdpa, a fused
+kernel): on short texts the fused CPU kernel is not always the faster (section 21).
+
     python -m benchmarks.batch_budget [--workload countdown] [--dtypes bfloat16 float32]
-        [--budgets 1024 2048 4096] [--repeats 3] [--texts N]
+        [--budgets 1024 2048 4096] [--attention sdpa eager] [--repeats 3] [--texts N]
 """
 
 import argparse
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--workload", default="countdown")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--budgets", nargs="+", type=int, default=[1024, 2048, 4096])
+    parser.add_argument("--attention", nargs="+", default=["sdpa"], help="transformers attn_implementation values")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--texts", type=int, default=None, help="only the workload's first N texts")
     args = parser.parse_args()
@@ -60,10 +64,14 @@ def main() -> None:
         ids = backend.tokenize(texts)[0]
         print(f"{d}: tokens/text mean {np.mean([len(row) for row in ids]):.1f}, max {max(map(len, ids))}", flush=True)
         calls[d, "encode, batch 32"] = partial(backend.model.encode, texts, convert_to_tensor=True)
-        for budget in args.budgets:
-            batches = chunks(ids, budget)
-            name = f"budget {budget} ({len(batches)} batches)"
-            calls[d, name] = partial(forward_chunks, backend, ids, batches)
+        for attention in args.attention:
+            if attention != "sdpa":  # a backend of its own: the encode baseline above keeps the default
+                backend = Backend(Settings(dtype=d))
+                backend.model[0].model.set_attn_implementation(attention)
+            for budget in args.budgets:
+                batches = chunks(ids, budget)
+                name = f"budget {budget} ({len(batches)} batches){'' if attention == 'sdpa' else ', ' + attention}"
+                calls[d, name] = partial(forward_chunks, backend, ids, batches)
     for call in calls.values():  # first-call costs
         call()
     seconds: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
@@ -76,12 +84,12 @@ def main() -> None:
             seconds[key].append(time.perf_counter() - start)
             cpu[key].append(time.process_time() - start_cpu)
         print(f"round {round_ + 1}/{args.repeats} done", flush=True)
-    print(f"{'dtype':<9} {'path':<28} {'t/s':>7} {'paired vs encode':>17} {'CPU ms/text':>12}")
+    print(f"{'dtype':<9} {'path':<35} {'t/s':>7} {'paired vs encode':>17} {'CPU ms/text':>12}")
     for (d, path), values in seconds.items():
         base = seconds[d, "encode, batch 32"]
         ratio = statistics.median(b / v for b, v in zip(base, values))
         per_text = 1e3 * statistics.median(cpu[d, path]) / len(texts)
-        print(f"{d:<9} {path:<28} {len(texts) / statistics.median(values):>7.1f} {ratio:>17.3f} {per_text:>12.2f}")
+        print(f"{d:<9} {path:<35} {len(texts) / statistics.median(values):>7.1f} {ratio:>17.3f} {per_text:>12.2f}")
 
 
 if __name__ == "__main__":
