@@ -21,6 +21,7 @@ from functools import partial
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
 
 from benchmarks.http_vs_inprocess import workloads
 from setpo_server.backend import Backend
@@ -67,7 +68,9 @@ def main() -> None:
         for attention in args.attention:
             if attention != "sdpa":  # a backend of its own: the encode baseline above keeps the default
                 backend = Backend(Settings(dtype=d))
-                backend.model[0].model.set_attn_implementation(attention)
+                transformer = backend.model[0].model
+                assert isinstance(transformer, PreTrainedModel), type(transformer)
+                transformer.set_attn_implementation(attention)
             for budget in args.budgets:
                 batches = chunks(ids, budget)
                 name = f"budget {budget} ({len(batches)} batches){'' if attention == 'sdpa' else ', ' + attention}"
