@@ -3,6 +3,7 @@ answers equal the serial path's; a replica killed mid-step, down, not ready or a
 nothing but its own chunk's retry; and several URLs are spelled as OpenRLHF spells them (comma-separated)."""
 
 import signal
+import socket
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -129,15 +130,17 @@ def test_under_fail_replicas_that_never_come_back_end_the_step_in_one_clear_erro
 
 class Fake(distrust.Fake):
     """test_shaper_distrust's fake service, as a replica that says it is ready or not (`ready`, the status of every
-    answer) and answers /v1/diversity with `answer(body)` when ready."""
+    answer) and answers /v1/diversity with `answer(body)` when ready; `answer_headers`: added to every answer."""
 
     ready: ClassVar[list[int]] = [200]
+    answer_headers: ClassVar[list[tuple[str, str]]] = []
 
     def do_GET(self):
-        self.reply(self.ready[0], {"status": "ready"} if self.path == "/ready" else self.info)
+        self.reply(self.ready[0], {"status": "ready"} if self.path == "/ready" else self.info, self.answer_headers)
 
     def diversity(self, body):
-        self.reply(self.ready[0], self.answer(body) if self.ready[0] == 200 else {"error": {"message": "not ready"}})
+        answer = self.answer(body) if self.ready[0] == 200 else {"error": {"message": "not ready"}}
+        self.reply(self.ready[0], answer, self.answer_headers)
 
 
 @pytest.fixture
@@ -145,9 +148,16 @@ def fake(replicas):
     info = httpx.get(replicas[0].url + "/info").json()
     servers = []
 
-    def serve(answer=None, ready=200, **info_changes):
+    def serve(answer=None, ready=200, headers=(), **info_changes):
         handler = type(
-            "Handler", (Fake,), {"answer": staticmethod(answer), "info": {**info, **info_changes}, "ready": [ready]}
+            "Handler",
+            (Fake,),
+            {
+                "answer": staticmethod(answer),
+                "info": {**info, **info_changes},
+                "ready": [ready],
+                "answer_headers": headers,
+            },
         )
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         server.daemon_threads = True
@@ -176,6 +186,60 @@ def test_a_replica_answering_off_the_contract_costs_its_chunk_one_retry_elsewher
     assert step.metrics["setpo/chunk_retries"] == 1 and step.metrics["setpo/requests"] == 2
 
 
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_an_answer_its_encoding_does_not_describe_costs_its_chunk_one_retry_elsewhere(replicas, serial, fake, on_error):
+    """A 200 whose body is not what its Content-Encoding says (a broken replica or proxy) is off the contract like
+    NaN: that chunk is asked of another replica; and such a replica's /ready is 'not ready', never an exception."""
+    liar, _ = fake(good_answer, headers=[("content-encoding", "gzip")])
+    with SetpoClient(f"{replicas[0].url},{liar}") as client:
+        step = SetpoShaper(client, on_error=on_error, **POLICY).score(GROUPS, rewards=REWARDS)
+        same_step(step, serial)
+        assert step.metrics["setpo/chunk_retries"] == 1 and step.metrics["setpo/requests"] == 2
+        assert client.ready() and liar in client.left_out
+
+
+def test_a_frozen_replica_is_left_out_and_the_others_shape_the_steps(replicas):
+    """A replica that takes connections and never answers (a stopped process, a node lost behind a kept-alive
+    connection) costs the step it froze in, not every step after: its timeout leaves it out, as a refusal does."""
+    frozen, a = replicas[1], replicas[0]
+    with SetpoClient(f"{frozen.url},{a.url}", timeout=2.0, max_retries=0) as client:
+        shaper = SetpoShaper(client, weight=0.3)  # one budget a step: the client's timeout
+        assert shaper.score(GROUPS[:4]).metrics["setpo/requests"] == 2  # a chunk to each replica
+        frozen.process.send_signal(signal.SIGSTOP)
+        try:
+            steps = [shaper.score(GROUPS[:4]) for _ in range(3)]
+            left_out = frozen.url in client.left_out
+        finally:
+            frozen.process.send_signal(signal.SIGCONT)
+    assert [step.metrics["setpo/fallback_steps"] for step in steps] == [1, 1, 1]  # a total: the first step alone
+    assert left_out
+
+
+def test_a_replica_left_out_costs_no_step_its_readiness_check(replicas):
+    """A replica left out is asked /ready again (every RECHECK_S) off the calls' path: one on a host that drops
+    connections (its /ready hangs for PROBE_TIMEOUT_S) must not hold a step past its deadline, shorter than that."""
+    listener = socket.socket()  # a host that drops connection attempts: a listener whose queue is full
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    filling = [socket.socket() for _ in range(4)]
+    for sock in filling:
+        sock.setblocking(False)
+        sock.connect_ex(listener.getsockname())
+    dropped = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        with SetpoClient(f"{dropped},{replicas[0].url}", timeout=httpx.Timeout(10, connect=0.5)) as client:
+            assert client.ready() and dropped in client.left_out
+            shaper = SetpoShaper(client, weight=0.3, step_timeout=1.5)
+            steps = []
+            for _ in range(3):
+                time.sleep(RECHECK_S)  # the trainer's own step: the replica left out is due again at each of ours
+                steps.append(shaper.score(GROUPS[:4]))
+        assert [step.metrics["setpo/fallback_steps"] for step in steps] == [0, 0, 0]
+    finally:
+        for sock in [*filling, listener]:
+            sock.close()
+
+
 def test_an_answer_off_the_contract_from_the_only_replica_still_fails_the_step(fake):
     liar, _ = fake(nan_bonus)
     with SetpoClient(liar) as client, pytest.raises(SetpoError, match="not a finite number in the answer's bonus"):
@@ -193,8 +257,8 @@ def test_a_replica_not_ready_is_left_out_until_it_answers_ready_again(replicas, 
         assert served(a) - before == 3  # none of them went to the replica left out
         handler.ready[0] = 200
         time.sleep(RECHECK_S)
-        client.diversity([{"texts": GROUPS[0]}], avoid=[a.url])  # asks /ready again, takes it back, sends to it
-        assert late not in client.left_out
+        client.diversity([{"texts": GROUPS[0]}], avoid=[a.url])  # asks /ready again (in the background), sends to it
+        a.wait_until(lambda: late not in client.left_out, timeout=10)  # taken back
     said = [record.getMessage() for record in caplog.records if late in record.getMessage()]
     assert len(said) == 2 and "left out" in said[0] and "taken back" in said[1]  # each change said once
 

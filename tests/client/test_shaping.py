@@ -114,6 +114,16 @@ def test_a_step_is_fitted_within_the_services_limits_and_every_group_scored(tigh
     assert step.metrics["setpo/active"] == 1
 
 
+def test_a_step_is_split_within_the_answer_size_the_service_takes():
+    """SETPO_MAX_RESPONSE_BYTES (in /info) bounds an answer as max_body_bytes bounds a request: 64 groups of 8, one
+    request by every other limit, whose answer the service would refuse, go in two requests, none refused."""
+    groups = [[f"prompt {p}: answer {k} is {p * k + 1}" for k in range(8)] for p in range(64)]
+    with InProcessService(max_response_bytes=65536) as service, service.client(max_retries=0) as client:
+        step = SetpoShaper(client, weight=0.3, in_flight=1, on_error="fail").score(groups)
+    assert step.metrics["setpo/requests"] == 2 and step.metrics["setpo/unscored_groups"] == 0
+    assert all(m is not None and len(m) == 8 for m in step.marginals)
+
+
 def test_a_group_over_the_services_size_gets_zero_and_is_counted_and_said_with_both_numbers(tight_service, caplog):
     """A group can outgrow what start() checked (veRL's multi-output agent loops under rloo: rollout.n x outputs
     rows, known only at run time): it goes unscored, and the log says how big it was and what the service takes."""

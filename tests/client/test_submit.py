@@ -10,6 +10,7 @@ import pytest
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.shaping import SetpoShaper
+from setpo_server.local import free_port
 from tests.client.test_shaping_policy import ADVANTAGES, GROUPS, REWARDS
 
 OTHER = [["one plan", "a second plan", "a third way", "the same plan"], ["x", "y", "z"]]
@@ -97,3 +98,15 @@ def test_weight_zero_submits_nothing(inprocess):
     assert pending.work is None
     step = pending.result(ADVANTAGES)
     assert step.marginals is None and step.metrics["setpo/requests"] == 0
+
+
+def test_a_failed_steps_time_counts_its_requests_hidden_or_not():
+    """time_s is SetPO's own time whether the step is shaped or falls back: the requests that failed while the
+    caller worked cost time too (on the steps where SetPO costs the most, time_s must not read as nothing)."""
+    shaper = SetpoShaper(SetpoClient(f"http://127.0.0.1:{free_port()}", max_retries=2, backoff=0.3), weight=0.3)
+    pending = shaper.submit(OTHER)
+    assert pending.work is not None
+    wait([pending.work])  # the framework's passes outlast the failing requests (two backoffs: about 0.9 s)
+    step = pending.result()
+    assert step.metrics["setpo/fallback_steps"] == 1 and pending.work_s > 0.5
+    assert step.metrics["setpo/time_s"] >= pending.work_s > step.metrics["setpo/wait_s"]

@@ -388,7 +388,8 @@ class _ClientConfig:
             self.leave_out(url)
             call.failure = answer
             return None
-        if isinstance(answer, httpx.TimeoutException):
+        if isinstance(answer, httpx.TimeoutException):  # not asked again in this call: the work may be running
+            self.leave_out(url)  # and left out, so a frozen replica gets no more chunks; a slow one answers /ready
             timeout = SetpoTimeoutError(f"{what} at {url}: no answer within the client timeout ({self.timeout})")
             raise at_fault(timeout, url) from answer
         if isinstance(answer, SetpoError):  # the answer was too large or too late
@@ -422,6 +423,11 @@ class Call:
     attempts: int = 0
     retry_after: str | None = None
     failure: httpx.Response | Exception | None = None
+
+
+def undecodable(response: httpx.Response, exc: httpx.DecodingError) -> SetpoAPIError:
+    """A body its Content-Encoding does not describe (a broken replica or proxy): off the contract, that replica's."""
+    return SetpoAPIError(response.status_code, f"answer off the contract: its body cannot be decoded ({exc})")
 
 
 def at_fault(error: SetpoError, replica: str) -> SetpoError:
@@ -479,9 +485,12 @@ class SetpoClient(_ClientConfig):
         ):
             self.check_answer(response, 0, end)
             content = bytearray()
-            for chunk in response.iter_bytes():
-                content += chunk
-                self.check_answer(response, len(content), end)
+            try:
+                for chunk in response.iter_bytes():
+                    content += chunk
+                    self.check_answer(response, len(content), end)
+            except httpx.DecodingError as exc:
+                raise undecodable(response, exc) from None
         return whole(response, bytes(content))
 
     def _request(
@@ -500,8 +509,8 @@ class SetpoClient(_ClientConfig):
         while True:
             if self.resolve_due():
                 self.resolve()
-            for due in self.due():
-                self.probe(due)
+            for due in self.due():  # asked on a thread of its own: a replica left out costs no call its /ready wait
+                threading.Thread(target=self.recheck, args=(due,), name="setpo-recheck", daemon=True).start()
             attempt = self.next_attempt(call, deadline, avoid, only)
             if attempt is None:
                 raise at_fault(self.give_up(call), call.tried[-1])
@@ -520,9 +529,16 @@ class SetpoClient(_ClientConfig):
         try:
             spelled, host = self.route[url]
             status: int | None = self._http[spelled].get(url + "/ready", headers=host, timeout=timeout).status_code
-        except httpx.TransportError:
+        except httpx.HTTPError:  # unreachable, too slow, or an answer that cannot be read: not ready
             status = None
         return self.readiness(url, status)
+
+    def recheck(self, url: str) -> None:
+        """probe(), on its own thread (at most PROBE_TIMEOUT_S): nothing waits for it, nothing may escape it."""
+        try:
+            self.probe(url)
+        except Exception as exc:  # the client was closed meanwhile: there is nothing left to record it for
+            log.debug("setpo replica %s: /ready not asked (%s)", url, exc)
 
     def diversity(
         self,
@@ -617,6 +633,7 @@ class AsyncSetpoClient(_ClientConfig):
             url: httpx.AsyncClient(base_url=url, headers=self.headers, timeout=timeout, transport=transport)
             for url in self.spelled
         }
+        self._rechecks: set[asyncio.Task] = set()  # /ready of replicas left out, asked in the background
 
     async def _attempt(
         self, url: str, method: str, path: str, body: bytes | None, deadline: float | None
@@ -629,9 +646,12 @@ class AsyncSetpoClient(_ClientConfig):
             async with http.stream(method, url + path, content=body, headers=headers, timeout=timeout) as response:
                 self.check_answer(response, 0, end)
                 content = bytearray()
-                async for chunk in response.aiter_bytes():
-                    content += chunk
-                    self.check_answer(response, len(content), end)
+                try:
+                    async for chunk in response.aiter_bytes():
+                        content += chunk
+                        self.check_answer(response, len(content), end)
+                except httpx.DecodingError as exc:
+                    raise undecodable(response, exc) from None
         return whole(response, bytes(content))
 
     async def _request(
@@ -650,8 +670,10 @@ class AsyncSetpoClient(_ClientConfig):
         while True:
             if self.resolve_due():
                 await asyncio.to_thread(self.resolve)  # getaddrinfo blocks: never on the event loop
-            for due in self.due():
-                await self.probe(due)
+            for due in self.due():  # asked in a task of its own: a replica left out costs no call its /ready wait
+                task = asyncio.create_task(self.recheck(due))
+                self._rechecks.add(task)  # held until done (the loop keeps only weak references); cancelled by close()
+                task.add_done_callback(self._rechecks.discard)
             attempt = self.next_attempt(call, deadline, avoid, only)
             if attempt is None:
                 raise at_fault(self.give_up(call), call.tried[-1])
@@ -672,9 +694,16 @@ class AsyncSetpoClient(_ClientConfig):
             status: int | None = (
                 await self._http[spelled].get(url + "/ready", headers=host, timeout=timeout)
             ).status_code
-        except httpx.TransportError:
+        except httpx.HTTPError:  # unreachable, too slow, or an answer that cannot be read: not ready
             status = None
         return self.readiness(url, status)
+
+    async def recheck(self, url: str) -> None:
+        """probe(), in its own task (at most PROBE_TIMEOUT_S): nothing awaits it, nothing may escape it."""
+        try:
+            await self.probe(url)
+        except Exception as exc:  # the client was closed meanwhile: there is nothing left to record it for
+            log.debug("setpo replica %s: /ready not asked (%s)", url, exc)
 
     async def diversity(
         self,
@@ -729,6 +758,8 @@ class AsyncSetpoClient(_ClientConfig):
             await asyncio.sleep(poll)
 
     async def close(self) -> None:
+        for task in list(self._rechecks):
+            task.cancel()
         for http in self._http.values():
             await http.aclose()
 

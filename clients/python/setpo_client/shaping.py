@@ -62,6 +62,9 @@ MIN_GROUP = 3  # leave-one-out marginals need pairs left after removing one memb
 # Requests in flight per replica by default: a second one to the same process gains nothing, on a GPU or on CPU
 # cores its one model already uses (docs/benchmarks.md, sections 16 and 17).
 IN_FLIGHT_PER_REPLICA = 1
+# The service's estimate of a /v1/diversity answer, refused over its max_response_bytes (setpo_server.routes): at
+# most 5 numbers of 24 bytes a member and 160 bytes a group. A step is packed within it like within max_body_bytes.
+ANSWER_BYTES_PER_ROW, ANSWER_BYTES_PER_GROUP = 5 * 24, 160
 
 
 @dataclass
@@ -77,6 +80,7 @@ class PendingStep:
     started: float
     work: Future | None  # None: nothing to ask (weight 0, no groups)
     submit_s: float = 0.0  # the caller's time from `started` to submit's return
+    work_s: float = 0.0  # the work's own time on its thread, set when it ends, answered or failed
 
     def result(self, advantages: Sequence[Sequence[float]] | None = None, since: float | None = None) -> "ShapedStep":
         """The step shaped, once: waits for its answers (see SetpoShaper.submit); advantages as for score(). since:
@@ -238,41 +242,35 @@ class SetpoShaper:
         known = None if keys is None else [list(group) for group in keys]
         scorable = [[row for row, member in enumerate(group) if member is not None] for group in members]
         counts = dict.fromkeys(("unscored", "small_scope", "bad", "cut", "requests", "retries", "span_missing"), 0)
-        weight, work = self.weight, None
-        if weight > 0 and members:
+        step = PendingStep(self, members, scorable, scores, counts, self.weight, start, None)
+        if step.weight > 0 and members:
             pool = ThreadPoolExecutor(1, thread_name_prefix="setpo-step")
-            work = pool.submit(self.ask, members, scorable, scores, known, counts, weight)
+            step.work = pool.submit(self.ask, step, known)
             pool.shutdown(wait=False)  # its one thread ends with the work, which the step's deadline bounds
-        self.pending = PendingStep(self, members, scorable, scores, counts, weight, start, work)
-        self.pending.submit_s = time.perf_counter() - start
-        return self.pending
+        self.pending = step
+        step.submit_s = time.perf_counter() - start
+        return step
 
-    def ask(
-        self,
-        groups: list[list],
-        scorable: list[list[int]],
-        rewards: list[list[float]] | None,
-        keys: list[list[str | None]] | None,
-        counts: dict[str, int],
-        weight: float,
-    ) -> tuple[list[tuple[int, GroupResult]], float]:
-        """A submitted step's work, on its own thread: (group index, the service's answer) for every group sent,
-        and the seconds it took."""
-        began = time.perf_counter()
-        deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
-        if self.info is None:
-            self.info = self.learn_info(deadline)
-        payloads = self.payloads(groups, scorable, rewards, keys, counts)  # 1. what can be scored
-        envelope = {"groups": [], "weight": weight, "kernel": self.kernel, "normalize": self.normalize}
-        if self.min_reward is not None:
-            envelope["min_reward"] = self.min_reward
-        in_flight = self.in_flight or IN_FLIGHT_PER_REPLICA * len(self.client.urls)
-        in_flight = min(in_flight, (self.info.limits.max_concurrent_requests or in_flight) * len(self.client.urls))
-        batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
-            payloads, self.info, envelope, self.max_chars, in_flight
-        )
-        answered = self.send(batches, weight, counts, deadline, in_flight)  # 3. the service's answers
-        return answered, time.perf_counter() - began
+    def ask(self, step: "PendingStep", keys: list[list[str | None]] | None) -> list[tuple[int, GroupResult]]:
+        """A submitted step's work, on its own thread: (group index, the service's answer) for every group sent.
+        Its time goes to step.work_s whether it answers or fails: a failed step's requests cost time too."""
+        began, counts = time.perf_counter(), step.counts
+        try:
+            deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
+            if self.info is None:
+                self.info = self.learn_info(deadline)
+            payloads = self.payloads(step.groups, step.scorable, step.rewards, keys, counts)  # 1. what can be scored
+            envelope = {"groups": [], "weight": step.weight, "kernel": self.kernel, "normalize": self.normalize}
+            if self.min_reward is not None:
+                envelope["min_reward"] = self.min_reward
+            in_flight = self.in_flight or IN_FLIGHT_PER_REPLICA * len(self.client.urls)
+            in_flight = min(in_flight, (self.info.limits.max_concurrent_requests or in_flight) * len(self.client.urls))
+            batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
+                payloads, self.info, envelope, self.max_chars, in_flight
+            )
+            return self.send(batches, step.weight, counts, deadline, in_flight)  # 3. the service's answers
+        finally:
+            step.work_s = time.perf_counter() - began
 
     def collect(
         self, step: "PendingStep", advantages: Sequence[Sequence[float]] | None, since: float | None = None
@@ -285,12 +283,11 @@ class SetpoShaper:
         waiting = time.perf_counter()
         reading = 0.0 if since is None else waiting - since  # the caller's work at collect, before result()
         answered: list[tuple[int, GroupResult]] = []
-        failed, work_s = False, 0.0
+        failed = False
         if step.work is not None:
             try:
-                answered, work_s = step.work.result()
+                answered = step.work.result()
             except Exception as exc:
-                work_s = time.perf_counter() - waiting
                 self.fall_back(exc)  # 4. the fault policy: stop, or this step with lambda = 0
                 failed = True
         blocked = time.perf_counter() - waiting
@@ -314,7 +311,7 @@ class SetpoShaper:
         now = time.perf_counter()
         after = now - waiting - blocked
         # time_s: SetPO's own work (the caller's before submit, the requests, this); wait_s: what of it blocked
-        metrics["setpo/time_s"] = step.submit_s + reading + work_s + after
+        metrics["setpo/time_s"] = step.submit_s + reading + step.work_s + after
         metrics["setpo/wait_s"] = step.submit_s + reading + blocked + after
         if self.previous_start is not None:  # a whole training step: from the previous step's start to now
             metrics["setpo/time_share"] = metrics["setpo/wait_s"] / (now - self.previous_start)
@@ -570,8 +567,16 @@ def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Seque
 
 
 def largest_group(limits: Limits) -> int:
-    """The most members a group may have for the service to score it: its group size and request rows limits."""
-    return min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+    """The most members a group may have for the service to score it: its group size, request rows and answer
+    size limits."""
+    rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+    if limits.max_response_bytes:
+        rows = min(rows, (limits.max_response_bytes - ANSWER_BYTES_PER_GROUP) // ANSWER_BYTES_PER_ROW)
+    return rows
+
+
+def answer_bytes(rows: int, groups: int) -> int:
+    return rows * ANSWER_BYTES_PER_ROW + groups * ANSWER_BYTES_PER_GROUP
 
 
 def text_chars(info: Info, max_chars: int | None = None) -> int:
@@ -604,7 +609,7 @@ def pack(
 ) -> list[list[tuple[int, dict]]]:
     """Fitted groups (index, payload, members, JSON bytes) into requests, in order: `chunks` parts of about equal
     bytes (a group goes to the part its middle byte falls in; never split), each cut further into as few requests
-    as max_groups, max_request_rows and max_body_bytes allow."""
+    as max_groups, max_request_rows, max_body_bytes and max_response_bytes (the answer's size) allow."""
     total = max(1, sum(body_size for *_, body_size in fitted))
     batches: list[list[tuple[int, dict]]] = []
     batch: list[tuple[int, dict]] = []
@@ -618,6 +623,10 @@ def pack(
             or len(batch) + 1 > limits.max_groups
             or (limits.max_request_rows and rows_in + row_count > limits.max_request_rows)
             or bytes_in + comma + body_size > limits.max_body_bytes
+            or (
+                limits.max_response_bytes
+                and answer_bytes(rows_in + row_count, len(batch) + 1) > limits.max_response_bytes
+            )
         ):
             batches.append(batch)
             batch, rows_in, bytes_in, comma = [], 0, envelope_size, 0

@@ -126,7 +126,8 @@ async def diversity(request: Request, batcher: Batcher = Depends(ready_batcher))
     if rows > settings.max_request_rows:
         message = f"request has {rows} texts and embedding rows, more than SETPO_MAX_REQUEST_ROWS={settings.max_request_rows}; split it"
         raise ApiError(422, message, "invalid_request_error", "groups")
-    check_answer_size(rows * 5 * 24 + len(body.groups) * 160, settings, "groups", "")  # <= 5 numbers a member
+    # <= 5 numbers a member; SetpoShaper packs a step's requests by the same estimate (setpo_client.shaping)
+    check_answer_size(rows * 5 * 24 + len(body.groups) * 160, settings, "groups", "")
 
     weight = settings.weight if body.weight is None else body.weight
     results, usage = await until_done_or_gone(

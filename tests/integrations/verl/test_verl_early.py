@@ -8,6 +8,7 @@ no setpo-step thread outlives its step."""
 
 import itertools
 import threading
+import time
 import types
 from concurrent.futures import wait
 
@@ -20,6 +21,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils import tensordict_utils as tu
 
 from setpo_client.integrations.verl import shaper_for
+from setpo_server.local import free_port
 from setpo_trainer.models import smollm2_path
 
 from . import test_verl_v1
@@ -152,6 +154,19 @@ def test_v1_scoring_starts_before_the_old_log_prob_pass_and_the_advantage_step_a
     # scored at the advantage step: it waited for all of it, but for scheduling (tests/client/test_submit.py)
     assert synchronous["setpo/wait_s"] == pytest.approx(synchronous["setpo/time_s"], rel=0.25, abs=0.02)
     assert no_step_thread_left()
+
+
+def test_v1_a_service_that_is_down_costs_a_step_no_more_than_its_budget(transfer_queue, tokenizer):
+    """Down (a redeploy, a crash), the service fails each step under skip within the step's one budget: the limits,
+    unknown (or forgotten after a failure), are learned by the step's own work, never asked on veRL's critical path
+    without a deadline (that was a client call's whole retries, twice a step)."""
+    budget = 3.0
+    settings = fresh(f"http://127.0.0.1:{free_port()}", timeout=budget)
+    for partition in ("down-1", "down-2"):
+        began = time.monotonic()
+        _, metrics, _, _ = v1_step(transfer_queue, tokenizer, partition, settings)
+        assert time.monotonic() - began < 2 * budget, partition
+    assert metrics["setpo/fallback_steps"] == 2
 
 
 def test_v1_a_batch_other_than_the_one_submitted_gets_its_own_answer_never_the_others(

@@ -24,7 +24,10 @@ completions of ALL processes and returns this process's slice. We let it run unc
 process's completions — only the tokens the loss trains on (completion_mask * tool_mask: tool and environment
 output are left out, as TRL's loss leaves them out) — gather every process's texts in the same order TRL
 gathered the rewards, score all groups through SetpoShaper (rank 0; the result is broadcast, so every process
-applies the same policy), and add this process's slice of lambda * s_i. The forms that need no reward are
+applies the same policy), and add this process's slice of lambda * s_i. A completion every reward function declined
+(None) is one TRL zeroes the advantage of, to keep it from moving the policy: it gets no bonus either. With
+setpo_min_reward it is also sent as not scorable, in no other member's marginal; submitted at generation, before the
+rewards say which it is, it still counts in the others' marginals. The forms that need no reward are
 submitted earlier, from the end of TRL's `_generate` (SetpoShaper.submit), so that TRL's log-prob passes and reward
 functions hide the requests; with setpo_min_reward the rewards come after those passes, and the step is scored
 after them (docs/trl-and-verl.md, "Off the critical path (TRL)"). The loss — grpo, dr_grpo, dapo, or
@@ -38,6 +41,7 @@ without SetPO), warns when TRL is not the tested version, and proves what every 
 """
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -115,6 +119,8 @@ class SetpoGRPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # (B, F)
         # the reward min_reward compares with: TRL's own weighted sum over its reward functions
         self.setpo_rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # (B,)
+        # NaN, as TRL marks it, where every reward function returned None: TRL zeroes that completion's advantage
+        self.setpo_rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         return rewards_per_func
 
     def completion_text(self, ids, trained) -> str | None:
@@ -169,15 +175,19 @@ class SetpoGRPOTrainer(GRPOTrainer):
         error = None
         if self.accelerator.is_main_process:
             try:
-                if self.setpo.min_reward is not None:
-                    assert self.setpo_rewards is not None  # set by _calculate_rewards, called by the super() above
-                    rewards = self.setpo_rewards.tolist()
+                assert self.setpo_rewards is not None  # set by _calculate_rewards, called by the super() above
+                rewards = self.setpo_rewards.tolist()  # NaN: unscorable, TRL gives it no learning signal; nor do we
+                if self.setpo.min_reward is not None:  # unscorable members go as None: not in anyone's marginal
+                    members = [None if math.isnan(r) else text for text, r in zip(texts, rewards)]
                     pending = self.setpo.submit(
-                        self.setpo_groups(texts), rewards=self.setpo_groups(rewards), started=started
+                        self.setpo_groups(members), rewards=self.setpo_groups(rewards), started=started
                     )
                 assert pending is not None  # submitted at generation (_generate)
                 step = pending.result(advantages=self.setpo_groups(advantages))
-                payload = [([b for group in step.bonus for b in group], step.metrics)]
+                bonus = [b for group in step.bonus for b in group]
+                # submitted at generation, before the rewards existed, an unscorable completion took part in the
+                # others' marginals (only a second request could take it out); its own bonus is dropped here
+                payload = [([0.0 if math.isnan(r) else b for r, b in zip(rewards, bonus)], step.metrics)]
             except Exception as exc:
                 error, payload = exc, [f"{type(exc).__name__}: {exc}"]
         result = broadcast_object_list(payload, from_process=0)[0]

@@ -77,6 +77,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 import sys
 import time
 from collections import Counter
@@ -558,17 +559,20 @@ def generated_texts(batch, tokenizer) -> tuple[list[str | None], list]:
     return policy_texts(tokenizer, fields["responses"].unbind(), masks, masks), masks
 
 
-def transfer_queue_sessions(batch, uids: list, estimator: str, shaper: SetpoShaper) -> tuple[list, int]:
+def transfer_queue_sessions(
+    batch, uids: list, estimator: str, shaper: SetpoShaper, deadline: float | None = None
+) -> tuple[list, int]:
     """v1: each row's member of its group (row_sessions) and the groups fitted: a group of more outputs than the
     service takes (a loop's multi-output sessions under a per-output estimator) is fitted as veRL's GRPO takes it,
-    one member a session (rollout.n of them: start() proved those fit)."""
+    one member a session (rollout.n of them: start() proved those fit). Limits not known (forgotten after a failed
+    step) are asked by `deadline` (time.monotonic()), the step's own; None: not asked, nothing fitted."""
     from verl.trainer.ppo.core_algos import AdvantageEstimator
 
     tags = batch.tags or [{}] * len(batch.keys)
     sessions = row_sessions(batch.keys, tags, estimator)
-    if shaper.info is None and shaper.weight > 0:  # forgotten after a failed step: the limits are asked again
+    if shaper.info is None and shaper.weight > 0 and deadline is not None:
         with contextlib.suppress(SetpoError):  # a failure here meets the step's scoring, under the fault policy
-            shaper.info = shaper.learn_info()
+            shaper.info = shaper.learn_info(deadline)
     largest = largest_group(shaper.info.limits) if shaper.info is not None else None
     outputs = Counter(uid for uid, session in zip(uids, sessions) if session is not None)
     fitted = {uid for uid, count in outputs.items() if largest is not None and count > largest}
@@ -602,6 +606,7 @@ def submit_v1(trainer, batch) -> None:
     masks = fields["response_mask"].unbind()  # as the rollout made it: nothing rejected yet
     texts = policy_texts(trainer.tokenizer, fields["responses"].unbind(), masks, masks)
     uids = listed(fields["uid"])
+    # limits not asked here: a service still down would hold the pass before anything hides it; the step's work asks
     sessions, _ = transfer_queue_sessions(batch, uids, trainer.config.algorithm.adv_estimator, shaper)
     _, members = session_groups(uids, sessions)
     groups, rewards = member_lists(members, texts, fields["rm_scores"].to_padded_tensor(0.0).sum(-1).tolist())
@@ -627,7 +632,10 @@ def shape_transfer_queue(
     nested_mask = fields["response_mask"]  # after rollout correction: what veRL trains; a rejected row is all 0
     texts = [text if trained.any() else None for text, trained in zip(texts, nested_mask.unbind())]
     uids = listed(fields["uid"])
-    sessions, fitted = transfer_queue_sessions(batch, uids, estimator, shaper)
+    # limits asked within what is left of the step's budget, from its submit when early: a failed early step left none
+    began = early.pending.started if early is not None else started
+    left = (shaper.step_timeout or math.inf) - (time.perf_counter() - began)
+    sessions, fitted = transfer_queue_sessions(batch, uids, estimator, shaper, time.monotonic() + max(left, 0.0))
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
     padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
     # v1's advantage step reads the reward model's rm_scores as veRL's token_level_scores
