@@ -101,6 +101,16 @@ def test_a_name_that_does_not_resolve_keeps_the_addresses_it_had(pods, monkeypat
     assert any("does not resolve" in record.getMessage() for record in caplog.records)
 
 
+def test_a_resolver_that_finds_no_address_is_a_name_that_does_not_resolve(pods, monkeypatch):
+    monkeypatch.setattr(client_module, "RESOLVE_S", 0.2)
+    answers = [["127.0.0.3"]]
+    with SetpoClient(f"dns:///{NAME}:{pods.port}", resolver=lambda host, port: answers[0]) as client:
+        answers[0] = []  # a custom resolver's "no pod ready": the addresses it had are kept, as after a DNS error
+        time.sleep(0.3)
+        client.diversity([{"texts": GROUPS[0]}])
+        assert client.urls == [pods.urls["127.0.0.3"]]
+
+
 def test_an_async_client_spreads_concurrent_calls_over_the_addresses(pods):
     async def two_calls() -> list[str]:
         resolver = lambda host, port: ["127.0.0.1", "127.0.0.3"]  # noqa: E731

@@ -271,6 +271,8 @@ class _ClientConfig:
                 continue
             try:
                 found = [str(name.copy_with(host=address)) for address in self.resolver(name.host, name.port or 80)]
+                if not found:  # a resolver's "no address" (getaddrinfo raises instead): never a client of no replica
+                    raise OSError("no address")
             except OSError as exc:
                 found = [url for url in self.urls if self.route[url][0] == spelled] or [str(name)]
                 log.warning("setpo replica name %s does not resolve (%s): keeping %s", spelled, exc, found)
