@@ -575,10 +575,6 @@ def largest_group(limits: Limits) -> int:
     return rows
 
 
-def answer_bytes(rows: int, groups: int) -> int:
-    return rows * ANSWER_BYTES_PER_ROW + groups * ANSWER_BYTES_PER_GROUP
-
-
 def text_chars(info: Info, max_chars: int | None = None) -> int:
     """Characters of a text the plug-ins send: what the server keeps (/info's truncate_chars; 8 a model token from
     a server too old to say), or the caller's max_chars, within the service's max_text_chars."""
@@ -625,7 +621,8 @@ def pack(
             or bytes_in + comma + body_size > limits.max_body_bytes
             or (
                 limits.max_response_bytes
-                and answer_bytes(rows_in + row_count, len(batch) + 1) > limits.max_response_bytes
+                and (rows_in + row_count) * ANSWER_BYTES_PER_ROW + (len(batch) + 1) * ANSWER_BYTES_PER_GROUP
+                > limits.max_response_bytes
             )
         ):
             batches.append(batch)
