@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 import ray
+from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+from openrlhf.utils import get_strategy
+from openrlhf.utils.utils import get_tokenizer
 
 from setpo_server.local import LocalServer, free_port
 from setpo_trainer.openrlhf import cli, ray_hook
+from setpo_trainer.openrlhf.experience_maker import SetpoExperienceMaker
 from tests.trainer.conftest import PLACEHOLDERS
 from tests.trainer.rollouts import DIVERSITY_POLICY, SETTINGS, makers, train_args
 
@@ -92,6 +96,7 @@ def test_help_lists_every_openrlhf_flag_and_ours(capsys):
         (["--algo.advantage.estimator", "gae"], "SetPO needs a group advantage estimator"),
         (["--rollout.n_samples_per_prompt", "2"], "needs --rollout.n_samples_per_prompt >= 3"),
         (["--setpo.max_chars", "200000"], "the service takes texts of at most 100000 characters"),
+        (["--setpo.url", "http://setpo:80o0"], "--setpo.url: setpo service URL 'http://setpo:80o0': Invalid port"),
     ],
 )
 def test_bad_values_fail_with_a_message_naming_them(flags, message, capsys, tiny_model, server):
@@ -200,6 +205,35 @@ def test_key_and_limits_are_checked_against_the_service(capsys, tiny_model, monk
         "env_vars": {"A": "1"},
         "worker_process_setup_hook": ray_hook.SETUP_HOOK,
     }
+
+
+@pytest.mark.parametrize("min_reward", ["1.0", "0.5"])
+def test_keep_groups_lifts_dapos_top_whatever_min_reward(capsys, tiny_model, server, min_reward):
+    """An all-correct group's mean is the rewards' top: with min_reward at it or below it (0.5 with 0/1 rewards),
+    DAPO's filter (low < mean < high) would drop the groups the scoped form exists for; the top is lifted (OpenRLHF's
+    real filter then keeps them: test_ray_trainer.py)."""
+    dapo = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0", "1"]
+    args = train_args(*base_flags(tiny_model, server.url), *dapo, "--setpo.min_reward", min_reward)
+    assert list(args.algo.dynamic_filtering_range) == [0.0, float("inf")]
+    assert "--algo.dynamic_filtering_range 0.0 1.0 -> 0.0 inf" in capsys.readouterr().out
+
+
+def test_a_trainer_worker_without_the_key_the_start_checked_stops_at_its_start(tiny_model, server, monkeypatch):
+    """Ray workers get the environment their `ray start` had, not the driver's: a start check that passed with the
+    driver's SETPO_API_KEY says nothing of theirs. A worker without it that the service refuses stops at once,
+    saying where to set it (not a whole run at lambda 0); one the service does not ask a key of goes on."""
+
+    def trainer_side(url: str) -> None:  # setpo-train's checks with the key, then the trainer actor without it
+        monkeypatch.setenv("SETPO_API_KEY", "right-key")
+        args = train_args(*base_flags(tiny_model, url))
+        monkeypatch.delenv("SETPO_API_KEY")
+        strategy = get_strategy(args)
+        tokenizer = get_tokenizer(tiny_model, None, "left", strategy)
+        SetpoExperienceMaker(None, None, None, None, FixedKLController(0.0), strategy, tokenizer)
+
+    with LocalServer(api_key="right-key") as guarded, pytest.raises(RuntimeError, match="`ray start`'s environment"):
+        trainer_side(guarded.url)
+    trainer_side(server.url)  # no key asked: nothing to stop for
 
 
 def test_in_flight_and_several_replicas_pass_the_checks_and_reach_the_experience_maker(capsys, tiny_model, server):

@@ -98,8 +98,11 @@ def replica_urls(spelled: str) -> list[str]:
         raise ValueError(
             f"setpo service URL(s) {spelled!r}: give one base URL or several distinct ones, comma-separated"
         )
-    for url in urls:
-        resolved_name(url)  # a wrong dns: spelling is refused here, at construction
+    for url in urls:  # refused here, at construction: a wrong dns: spelling, a URL that is not one (a port "80o0")
+        try:
+            resolved_name(url) or httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"setpo service URL {url!r}: {exc}") from None
     return urls
 
 

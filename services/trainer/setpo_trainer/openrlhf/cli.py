@@ -338,9 +338,10 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
     keep = options["setpo.keep_groups"] or ("on" if options["setpo.min_reward"] is not None else "off")
     if keep == "on" and options["setpo.min_reward"] is None:
         parser.error("--setpo.keep_groups on keeps the groups all of whose responses reach --setpo.min_reward: set it")
-    if keep == "on" and options["algo.dynamic_filtering_enable"] and high <= options["setpo.min_reward"]:
-        # OpenRLHF keeps a group only if low < its mean reward < high, inside its sampling loop (no seam to hook):
-        # an all-correct group's mean is >= min_reward >= high, so it would be dropped before SetPO sees it
+    if keep == "on" and options["algo.dynamic_filtering_enable"] and not math.isinf(high):
+        # OpenRLHF keeps a group only if low < its mean reward < high, inside its sampling loop (no seam to hook): an
+        # all-correct group's mean is the rewards' top, which the range's top is (0 1) or is below, whatever min_reward
+        # (0.5 with 0/1 rewards too), so it would be dropped before SetPO sees it
         options["algo.dynamic_filtering_range"] = [low, math.inf]
         print(
             f"setpo-train: --setpo.keep_groups on: --algo.dynamic_filtering_range {low} {high} -> {low} inf, so "
@@ -353,7 +354,7 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--setpo.weight > 0 needs the service: pass --setpo.url (or set SETPO_URL), or --setpo.weight 0")
     try:
         client = SetpoClient(url, timeout=options["setpo.timeout"], max_retries=1)
-    except ValueError as exc:  # a replica given twice
+    except ValueError as exc:  # a replica given twice, a URL that is not one
         parser.error(f"--setpo.url: {exc}")
     shaper = SetpoShaper(
         client, weight, max_chars=options["setpo.max_chars"], in_flight=options["setpo.in_flight"], **policy
@@ -367,6 +368,8 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         sys.exit(f"setpo-train: {exc}\nWith setpo-train: fix --setpo.url / SETPO_API_KEY, or pass --setpo.weight 0.")
     finally:
         client.close()
+    # whether that check had a key, never the key: a Ray worker gets the environment its `ray start` had, not ours
+    options["setpo.driver_key"] = bool(os.environ.get("SETPO_API_KEY"))
     print(
         f"setpo-train: SetPO lambda={weight} with {info.model} at {url} (max {info.max_tokens} tokens; at most "
         f"{info.limits.max_groups} groups and {info.limits.max_body_bytes} bytes a request)",

@@ -22,6 +22,7 @@ over the batch and its trainer sends the result to W&B / TensorBoard as `train/s
 
 import logging
 import math
+import os
 import time
 from types import SimpleNamespace
 
@@ -32,6 +33,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from openrlhf.utils.logging_utils import init_logger
 
 from setpo_client.client import DEFAULT_URL, SetpoClient
+from setpo_client.errors import SetpoAPIError, SetpoError
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
 from setpo_client.shaping import PendingStep, SetpoShaper, ShapedStep
 from setpo_trainer.openrlhf.flags import spell
@@ -61,6 +63,20 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         )
         self.setpo_embed = setpo.embed
         self.early: tuple[PendingStep, list[Row]] | None = None  # submitted in make_experience, with its rows
+        if getattr(setpo, "driver_key", False) and not os.environ.get("SETPO_API_KEY"):
+            # setpo-train checked the service with a key this worker lacks (a Ray worker gets the environment of its
+            # `ray start`, not the driver's): a service that wants it stops the run now, not after a run at lambda 0
+            try:
+                self.setpo.info = self.setpo.learn_info()
+            except SetpoAPIError as exc:
+                if exc.status == 401:
+                    raise RuntimeError(
+                        "SetPO: setpo-train checked the service with SETPO_API_KEY, but this Ray worker has none and "
+                        f"the service refuses it ({exc.message}). Set SETPO_API_KEY where the workers start: in "
+                        "`ray start`'s environment, or the worker pod template (its Secret)."
+                    ) from None
+            except SetpoError:
+                pass  # the service's other failures meet each step's fault policy
         logger.info(
             f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, in_flight={setpo.in_flight}, "
             f"embed={setpo.embed}, on_error={setpo.on_error}, min_reward={setpo.min_reward}, key={setpo.key}, "

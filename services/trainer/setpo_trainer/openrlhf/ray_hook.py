@@ -19,8 +19,8 @@ OpenRLHF keeps deepspeed out of them on purpose). The rebind checks that BasePPO
 the maker by that name, so an OpenRLHF that moved it fails the trainer actor instead of training plain GRPO.
 
 No secret is put in the runtime env (Ray logs it and `ray list runtime-envs` shows it): workers read
-SETPO_API_KEY from their own environment (in Kubernetes, both pod templates get it from the Secret; on a
-local cluster, the workers inherit the driver's).
+SETPO_API_KEY from their own environment (in Kubernetes, both pod templates get it from the Secret; elsewhere the
+environment `ray start` had, not the driver's: SetpoExperienceMaker checks it as the trainer actor starts).
 """
 
 import importlib
