@@ -66,15 +66,16 @@ def main() -> None:
         print(f"{d}: tokens/text mean {np.mean([len(row) for row in ids]):.1f}, max {max(map(len, ids))}", flush=True)
         calls[d, "encode, batch 32"] = partial(backend.model.encode, texts, convert_to_tensor=True)
         for attention in args.attention:
-            if attention != "sdpa":  # a backend of its own: the encode baseline above keeps the default
-                backend = Backend(Settings(dtype=d))
-                transformer = backend.model[0].model
+            served = backend  # sdpa: the backend above; another attention gets a backend of its own
+            if attention != "sdpa":
+                served = Backend(Settings(dtype=d))
+                transformer = served.model[0].model
                 assert isinstance(transformer, PreTrainedModel), type(transformer)
                 transformer.set_attn_implementation(attention)
             for budget in args.budgets:
                 batches = chunks(ids, budget)
                 name = f"budget {budget} ({len(batches)} batches){'' if attention == 'sdpa' else ', ' + attention}"
-                calls[d, name] = partial(forward_chunks, backend, ids, batches)
+                calls[d, name] = partial(forward_chunks, served, ids, batches)
     for call in calls.values():  # first-call costs
         call()
     seconds: dict[tuple[str, str], list[float]] = {key: [] for key in calls}

@@ -2,6 +2,7 @@
 answers equal the serial path's; a replica killed mid-step, down, not ready or answering off the contract costs
 nothing but its own chunk's retry; and several URLs are spelled as OpenRLHF spells them (comma-separated)."""
 
+import asyncio
 import signal
 import socket
 import threading
@@ -12,7 +13,7 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from setpo_client import SetpoClient, SetpoError
+from setpo_client import AsyncSetpoClient, SetpoAPIError, SetpoClient, SetpoError
 from setpo_client.client import RECHECK_S, replica_urls, strictest
 from setpo_client.shaping import SetpoShaper, fit_step
 from setpo_server.local import LocalServer, free_port
@@ -215,29 +216,56 @@ def test_a_frozen_replica_is_left_out_and_the_others_shape_the_steps(replicas):
     assert left_out
 
 
-def test_a_replica_left_out_costs_no_step_its_readiness_check(replicas):
-    """A replica left out is asked /ready again (every RECHECK_S) off the calls' path: one on a host that drops
-    connections (its /ready hangs for PROBE_TIMEOUT_S) must not hold a step past its deadline, shorter than that."""
-    listener = socket.socket()  # a host that drops connection attempts: a listener whose queue is full
+@pytest.fixture
+def dropped():
+    """A host that drops connection attempts (partitioned, firewalled): a listener whose queue is full, so a
+    connection to it waits out its connect timeout."""
+    listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(0)
     filling = [socket.socket() for _ in range(4)]
     for sock in filling:
         sock.setblocking(False)
         sock.connect_ex(listener.getsockname())
-    dropped = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    try:
-        with SetpoClient(f"{dropped},{replicas[0].url}", timeout=httpx.Timeout(10, connect=0.5)) as client:
-            assert client.ready() and dropped in client.left_out
-            shaper = SetpoShaper(client, weight=0.3, step_timeout=1.5)
-            steps = []
-            for _ in range(3):
-                time.sleep(RECHECK_S)  # the trainer's own step: the replica left out is due again at each of ours
-                steps.append(shaper.score(GROUPS[:4]))
-        assert [step.metrics["setpo/fallback_steps"] for step in steps] == [0, 0, 0]
-    finally:
-        for sock in [*filling, listener]:
-            sock.close()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    for sock in [*filling, listener]:
+        sock.close()
+
+
+def test_a_replica_left_out_costs_no_step_its_readiness_check(replicas, dropped):
+    """A replica left out is asked /ready again (every RECHECK_S) off the calls' path: one on a host that drops
+    connections (its /ready hangs for PROBE_TIMEOUT_S) must not hold a step past its deadline, shorter than that."""
+    with SetpoClient(f"{dropped},{replicas[0].url}", timeout=httpx.Timeout(10, connect=0.5)) as client:
+        assert client.ready() and dropped in client.left_out
+        shaper = SetpoShaper(client, weight=0.3, step_timeout=1.5)
+        steps = []
+        for _ in range(3):
+            time.sleep(RECHECK_S)  # the trainer's own step: the replica left out is due again at each of ours
+            steps.append(shaper.score(GROUPS[:4]))
+    assert [step.metrics["setpo/fallback_steps"] for step in steps] == [0, 0, 0]
+
+
+def test_the_async_client_reads_answers_and_rechecks_replicas_as_the_sync_one(replicas, fake, dropped):
+    """AsyncSetpoClient: an undecodable answer is off the contract, naming its replica; a replica left out is
+    rechecked in a task of its own, so a call within a deadline shorter than that /ready's wait is answered by
+    another; close() with that recheck still pending cancels it."""
+    liar, _ = fake(good_answer, headers=[("content-encoding", "gzip")])
+    a = replicas[0].url
+
+    async def calls() -> None:
+        client = AsyncSetpoClient(f"{liar},{dropped},{a}", timeout=httpx.Timeout(10, connect=0.5))
+        try:
+            with pytest.raises(SetpoAPIError, match="cannot be decoded") as failure:
+                await client.diversity([{"texts": GROUPS[0]}], avoid=[a, dropped])
+            assert failure.value.replica == liar
+            assert await client.ready() and {liar, dropped} <= set(client.left_out)
+            await asyncio.sleep(RECHECK_S)  # both due again
+            answer = await client.diversity([{"texts": GROUPS[0]}], deadline=time.monotonic() + 1.5)
+            assert len(answer.groups) == 1
+        finally:
+            await client.close()
+
+    asyncio.run(calls())
 
 
 def test_an_answer_off_the_contract_from_the_only_replica_still_fails_the_step(fake):

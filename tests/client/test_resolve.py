@@ -111,6 +111,20 @@ def test_a_resolver_that_finds_no_address_is_a_name_that_does_not_resolve(pods, 
         assert client.urls == [pods.urls["127.0.0.3"]]
 
 
+def test_an_address_the_name_dropped_is_never_left_out_again(pods, monkeypatch):
+    """A /ready recheck (on its own thread) that ends after its address left the name must not bring it back as a
+    replica left out, asked every second for good."""
+    monkeypatch.setattr(client_module, "RESOLVE_S", 0.2)
+    answers = [["127.0.0.3", "127.0.0.2", "127.0.0.1"]]
+    with SetpoClient(f"dns:///{NAME}:{pods.port}", resolver=lambda host, port: answers[0]) as client:
+        gone = pods.urls["127.0.0.2"]
+        answers[0] = ["127.0.0.3", "127.0.0.1"]
+        time.sleep(0.3)
+        client.diversity([{"texts": GROUPS[0]}])  # resolved again: the address is gone
+        client.readiness(gone, None)  # what a recheck of it that ended just now records
+        assert gone not in client.urls and gone not in client.left_out
+
+
 def test_an_async_client_spreads_concurrent_calls_over_the_addresses(pods):
     async def two_calls() -> list[str]:
         resolver = lambda host, port: ["127.0.0.1", "127.0.0.3"]  # noqa: E731

@@ -12,7 +12,9 @@ waits included (SetpoShaper: one step), passes `deadline` (time.monotonic() seco
 
 Several replicas: `SetpoClient("http://a:8000,http://b:8000")` (or SETPO_URL so spelled, as OpenRLHF spells
 --reward.remote_url). Each request goes to the replica with the fewest requests in flight; a replica that cannot be
-reached, or answers 503, is left out until it answers /ready again (asked at most every RECHECK_S seconds); a failed
+reached, answers 503 or gives no answer in time is left out until it answers /ready again (asked at most every
+RECHECK_S seconds, in the background: no call waits for it); an answer that cannot be decoded is off the contract,
+like one that does not fit what was sent (SetpoShaper asks another replica for that chunk); a failed
 attempt moves to a replica not yet tried in this call at once, and only a round in which every replica failed waits
 its backoff (max_retries counts such rounds). /info is the strictest of the replicas that answer.
 
@@ -24,6 +26,7 @@ a step's few long-lived connections may all land on one pod (docs/deployment.md 
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -316,10 +319,15 @@ class _ClientConfig:
     def leave_out(self, url: str) -> None:
         if len(self.urls) > 1:  # one replica is asked again by the retries themselves
             with self.lock:
+                if url not in self.urls:  # gone from its name meanwhile (a recheck that ended after resolve())
+                    return
                 newly = url not in self.left_out
                 self.left_out.setdefault(url, time.monotonic() + RECHECK_S)
             if newly:
-                log.warning("setpo replica %s left out (unreachable or not ready) until its /ready answers 200", url)
+                log.warning(
+                    "setpo replica %s left out (unreachable, not ready or no answer in time) until its /ready answers 200",
+                    url,
+                )
 
     def due(self) -> list[str]:
         """Replicas left out whose /ready is due now; each is handed to one caller until its next RECHECK_S."""
@@ -515,7 +523,8 @@ class SetpoClient(_ClientConfig):
             if self.resolve_due():
                 self.resolve()
             for due in self.due():  # asked on a thread of its own: a replica left out costs no call its /ready wait
-                threading.Thread(target=self.recheck, args=(due,), name="setpo-recheck", daemon=True).start()
+                with contextlib.suppress(RuntimeError):  # no thread to be had (shutting down): due again RECHECK_S on
+                    threading.Thread(target=self.recheck, args=(due,), name="setpo-recheck", daemon=True).start()
             attempt = self.next_attempt(call, deadline, avoid, only)
             if attempt is None:
                 raise at_fault(self.give_up(call), call.tried[-1])
@@ -539,7 +548,8 @@ class SetpoClient(_ClientConfig):
         return self.readiness(url, status)
 
     def recheck(self, url: str) -> None:
-        """probe(), on its own thread (at most PROBE_TIMEOUT_S): nothing waits for it, nothing may escape it."""
+        """probe(), on its own thread (PROBE_TIMEOUT_S to connect and to answer): nothing waits for it, nothing may
+        escape it."""
         try:
             self.probe(url)
         except Exception as exc:  # the client was closed meanwhile: there is nothing left to record it for
@@ -704,7 +714,8 @@ class AsyncSetpoClient(_ClientConfig):
         return self.readiness(url, status)
 
     async def recheck(self, url: str) -> None:
-        """probe(), in its own task (at most PROBE_TIMEOUT_S): nothing awaits it, nothing may escape it."""
+        """probe(), in its own task (PROBE_TIMEOUT_S to connect and to answer): nothing awaits it, nothing may escape
+        it."""
         try:
             await self.probe(url)
         except Exception as exc:  # the client was closed meanwhile: there is nothing left to record it for
@@ -763,8 +774,10 @@ class AsyncSetpoClient(_ClientConfig):
             await asyncio.sleep(poll)
 
     async def close(self) -> None:
-        for task in list(self._rechecks):
-            task.cancel()
+        for task in self._rechecks:  # a task of a loop closed meanwhile is gone with it: never touched
+            if not task.done() and task.get_loop() is asyncio.get_running_loop():
+                task.cancel()
+        self._rechecks.clear()
         for http in self._http.values():
             await http.aclose()
 

@@ -25,10 +25,11 @@ The diversity policy (contract v1.1; docs/diversity.md says how to choose it for
 
 The degrade policy, for every integration:
 - a group with fewer than 3 scorable members, or more than the service takes (max_group_size,
-  max_request_rows), gets bonus 0 and is counted (setpo/unscored_groups); one with fewer than 3 members reaching
+  max_request_rows, max_response_bytes), gets bonus 0 and is counted (setpo/unscored_groups); one with fewer than 3 members reaching
   min_reward gets 0 without a request (setpo/small_scope_groups); the rest of the step is shaped;
 - texts are cut to the service's max_text_chars (and max_chars), by UTF-8 bytes where a group must fit the
-  body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes need,
+  body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes /
+  max_response_bytes need,
   and into at least `in_flight` chunks of about equal bytes (a proxy for tokens: texts are cut to what the service
   keeps), which are in flight at once over the client's replicas; answers are put back by group index;
 - a chunk that fails at one replica (unreachable, an error answer, an answer off the contract) is asked of
@@ -172,7 +173,7 @@ class SetpoShaper:
         if group_size > largest:  # such a group would never be scored
             raise SetpoError(
                 f"groups of {group_size} responses; the service at {self.client.base_url} takes at most {largest}. "
-                f"Raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS) on the service, or lower {spell('group_size')}."
+                f"Raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_RESPONSE_BYTES) on the service, or lower {spell('group_size')}."
             )
         if (self.max_chars or 0) > limits.max_text_chars:
             raise SetpoError(
@@ -256,7 +257,9 @@ class SetpoShaper:
         Its time goes to step.work_s whether it answers or fails: a failed step's requests cost time too."""
         began, counts = time.perf_counter(), step.counts
         try:
-            deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
+            # the step's one budget, from when the caller's SetPO work on it began (a plug-in may ask /info first)
+            left = None if self.step_timeout is None else self.step_timeout - (time.perf_counter() - step.started)
+            deadline = None if left is None else time.monotonic() + left
             if self.info is None:
                 self.info = self.learn_info(deadline)
             payloads = self.payloads(step.groups, step.scorable, step.rewards, keys, counts)  # 1. what can be scored
@@ -524,7 +527,7 @@ def fit_step(
     if oversized:  # start() checked the configured group size; a group can still outgrow it (multi-output loops)
         log.warning(
             "SetPO: %d group(s) of %s members; the service takes at most %d: their bonus is 0. Raise "
-            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS) on the service, or make the groups smaller",
+            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_RESPONSE_BYTES) on the service, or make the groups smaller",
             len(oversized),
             ", ".join(map(str, sorted(set(oversized)))),
             max_rows,

@@ -77,7 +77,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import math
 import sys
 import time
 from collections import Counter
@@ -559,20 +558,22 @@ def generated_texts(batch, tokenizer) -> tuple[list[str | None], list]:
     return policy_texts(tokenizer, fields["responses"].unbind(), masks, masks), masks
 
 
-def transfer_queue_sessions(
-    batch, uids: list, estimator: str, shaper: SetpoShaper, deadline: float | None = None
-) -> tuple[list, int]:
+def transfer_queue_sessions(batch, uids: list, estimator: str, shaper: SetpoShaper, started: float) -> tuple[list, int]:
     """v1: each row's member of its group (row_sessions) and the groups fitted: a group of more outputs than the
     service takes (a loop's multi-output sessions under a per-output estimator) is fitted as veRL's GRPO takes it,
     one member a session (rollout.n of them: start() proved those fit). Limits not known (forgotten after a failed
-    step) are asked by `deadline` (time.monotonic()), the step's own; None: not asked, nothing fitted."""
+    step) are asked within what is left of the step's one budget, which began at `started` (time.perf_counter()):
+    the step's scoring then has the rest, so a service still down holds veRL one budget a step, not more."""
     from verl.trainer.ppo.core_algos import AdvantageEstimator
 
     tags = batch.tags or [{}] * len(batch.keys)
     sessions = row_sessions(batch.keys, tags, estimator)
-    if shaper.info is None and shaper.weight > 0 and deadline is not None:
-        with contextlib.suppress(SetpoError):  # a failure here meets the step's scoring, under the fault policy
-            shaper.info = shaper.learn_info(deadline)
+    if shaper.info is None and shaper.weight > 0:
+        timeout = shaper.step_timeout
+        left = None if timeout is None else timeout - (time.perf_counter() - started)
+        if left is None or left > 0:
+            with contextlib.suppress(SetpoError):  # a failure here meets the step's scoring, under the fault policy
+                shaper.info = shaper.learn_info(None if left is None else time.monotonic() + left)
     largest = largest_group(shaper.info.limits) if shaper.info is not None else None
     outputs = Counter(uid for uid, session in zip(uids, sessions) if session is not None)
     fitted = {uid for uid, count in outputs.items() if largest is not None and count > largest}
@@ -606,8 +607,7 @@ def submit_v1(trainer, batch) -> None:
     masks = fields["response_mask"].unbind()  # as the rollout made it: nothing rejected yet
     texts = policy_texts(trainer.tokenizer, fields["responses"].unbind(), masks, masks)
     uids = listed(fields["uid"])
-    # limits not asked here: a service still down would hold the pass before anything hides it; the step's work asks
-    sessions, _ = transfer_queue_sessions(batch, uids, trainer.config.algorithm.adv_estimator, shaper)
+    sessions, _ = transfer_queue_sessions(batch, uids, trainer.config.algorithm.adv_estimator, shaper, started)
     _, members = session_groups(uids, sessions)
     groups, rewards = member_lists(members, texts, fields["rm_scores"].to_padded_tensor(0.0).sum(-1).tolist())
     pending = shaper.submit(groups, rewards=rewards, started=started)
@@ -632,10 +632,9 @@ def shape_transfer_queue(
     nested_mask = fields["response_mask"]  # after rollout correction: what veRL trains; a rejected row is all 0
     texts = [text if trained.any() else None for text, trained in zip(texts, nested_mask.unbind())]
     uids = listed(fields["uid"])
-    # limits asked within what is left of the step's budget, from its submit when early: a failed early step left none
+    # the step's budget began at its submit when it was submitted early
     began = early.pending.started if early is not None else started
-    left = (shaper.step_timeout or math.inf) - (time.perf_counter() - began)
-    sessions, fitted = transfer_queue_sessions(batch, uids, estimator, shaper, time.monotonic() + max(left, 0.0))
+    sessions, fitted = transfer_queue_sessions(batch, uids, estimator, shaper, began)
     advantages = fields["advantages"].to_padded_tensor(0.0)  # (B, T)
     padded_mask = nested_mask.to_padded_tensor(0)  # (B, T)
     # v1's advantage step reads the reward model's rm_scores as veRL's token_level_scores
