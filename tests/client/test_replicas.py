@@ -3,6 +3,7 @@ answers equal the serial path's; a replica killed mid-step, down, not ready or a
 nothing but its own chunk's retry; and several URLs are spelled as OpenRLHF spells them (comma-separated)."""
 
 import asyncio
+import itertools
 import signal
 import socket
 import threading
@@ -266,6 +267,22 @@ def test_the_async_client_reads_answers_and_rechecks_replicas_as_the_sync_one(re
             await client.close()
 
     asyncio.run(calls())
+
+
+def test_a_step_that_falls_back_reports_the_requests_it_made(replicas, fake):
+    """setpo/requests (chunks answered) and setpo/chunk_retries count as the chunks go, so a step that falls back
+    says what it did: one chunk answered, the other off the contract at both replicas (one retry), then the step."""
+    answers = itertools.count()
+
+    def first_only(body):  # whichever replica is asked first answers; every later answer is off the contract
+        return good_answer(body) if next(answers) == 0 else nan_bonus(body)
+
+    limits = {**httpx.get(replicas[0].url + "/info").json()["limits"], "max_groups": 2}
+    (one, _), (two, _) = fake(first_only, limits=limits), fake(first_only, limits=limits)
+    with SetpoClient(f"{one},{two}") as client:
+        step = SetpoShaper(client, weight=0.3, in_flight=1).score(GROUPS[:4])
+    assert step.metrics["setpo/fallback_steps"] == 1 and step.marginals is None
+    assert step.metrics["setpo/requests"] == 1 and step.metrics["setpo/chunk_retries"] == 1
 
 
 def test_an_answer_off_the_contract_from_the_only_replica_still_fails_the_step(fake):

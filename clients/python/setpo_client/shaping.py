@@ -43,6 +43,7 @@ The degrade policy, for every integration:
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -384,11 +385,13 @@ class SetpoShaper:
         every group, in the chunks' order whatever order the answers came in. The threads end with the step: a
         failure cancels the chunks not yet sent and waits for those in flight (each bounded by the deadline)."""
 
-        def ask(batch: list[tuple[int, dict]]) -> tuple[DiversityResponse, int]:
+        counting = threading.Lock()  # the chunks count as they go: a step that fails reports what it did too
+
+        def ask(batch: list[tuple[int, dict]]) -> DiversityResponse:
             groups, avoid = [payload for _, payload in batch], list[str]()
             while True:
                 try:
-                    return self.client.diversity(
+                    answer = self.client.diversity(
                         groups,
                         weight=weight,
                         min_reward=self.min_reward,
@@ -396,7 +399,10 @@ class SetpoShaper:
                         normalize=self.normalize,
                         deadline=deadline,
                         avoid=avoid,
-                    ), len(avoid)
+                    )
+                    with counting:
+                        counts["requests"] += 1
+                    return answer
                 except SetpoError as exc:  # another replica may answer it: ask it while the step has time
                     others = [url for url in self.client.urls if url not in avoid and url != exc.replica]
                     if exc.replica is None or not others or (deadline is not None and time.monotonic() >= deadline):
@@ -407,6 +413,8 @@ class SetpoShaper:
                         exc.replica,
                         exc,
                     )
+                    with counting:
+                        counts["retries"] += 1
                     avoid.append(exc.replica)
 
         with ThreadPoolExecutor(min(in_flight, len(batches)) or 1, thread_name_prefix="setpo-chunk") as pool:
@@ -417,12 +425,8 @@ class SetpoShaper:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise failed[0].exception()  # type: ignore[misc]
             answers = [future.result() for future in futures]
-        counts["requests"] += len(answers)
-        counts["retries"] += sum(retries for _, retries in answers)
         return [
-            (index, group)
-            for batch, (result, _) in zip(batches, answers)
-            for (index, _), group in zip(batch, result.groups)
+            (index, group) for batch, result in zip(batches, answers) for (index, _), group in zip(batch, result.groups)
         ]
 
     def span_of(self, text: object, counts: dict[str, int]) -> object:
