@@ -253,14 +253,21 @@ class SetpoShaper:
         step.submit_s = time.perf_counter() - start
         return step
 
+    def deadline(self, started: float) -> float | None:
+        """When a step whose SetPO work began at `started` (time.perf_counter()) must be done, as time.monotonic()
+        (None: no budget): one budget for all of it, a plug-in's own /info ask before the submit included."""
+        return (
+            None
+            if self.step_timeout is None
+            else time.monotonic() + self.step_timeout - (time.perf_counter() - started)
+        )
+
     def ask(self, step: "PendingStep", keys: list[list[str | None]] | None) -> list[tuple[int, GroupResult]]:
         """A submitted step's work, on its own thread: (group index, the service's answer) for every group sent.
         Its time goes to step.work_s whether it answers or fails: a failed step's requests cost time too."""
         began, counts = time.perf_counter(), step.counts
         try:
-            # the step's one budget, from when the caller's SetPO work on it began (a plug-in may ask /info first)
-            left = None if self.step_timeout is None else self.step_timeout - (time.perf_counter() - step.started)
-            deadline = None if left is None else time.monotonic() + left
+            deadline = self.deadline(step.started)
             if self.info is None:
                 self.info = self.learn_info(deadline)
             payloads = self.payloads(step.groups, step.scorable, step.rewards, keys, counts)  # 1. what can be scored

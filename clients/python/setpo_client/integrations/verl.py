@@ -568,12 +568,10 @@ def transfer_queue_sessions(batch, uids: list, estimator: str, shaper: SetpoShap
 
     tags = batch.tags or [{}] * len(batch.keys)
     sessions = row_sessions(batch.keys, tags, estimator)
-    if shaper.info is None and shaper.weight > 0:
-        timeout = shaper.step_timeout
-        left = None if timeout is None else timeout - (time.perf_counter() - started)
-        if left is None or left > 0:
-            with contextlib.suppress(SetpoError):  # a failure here meets the step's scoring, under the fault policy
-                shaper.info = shaper.learn_info(None if left is None else time.monotonic() + left)
+    deadline = shaper.deadline(started)
+    if shaper.info is None and shaper.weight > 0 and (deadline is None or deadline > time.monotonic()):
+        with contextlib.suppress(SetpoError):  # a failure here meets the step's scoring, under the fault policy
+            shaper.info = shaper.learn_info(deadline)
     largest = largest_group(shaper.info.limits) if shaper.info is not None else None
     outputs = Counter(uid for uid, session in zip(uids, sessions) if session is not None)
     fitted = {uid for uid, count in outputs.items() if largest is not None and count > largest}
