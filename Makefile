@@ -15,8 +15,13 @@ export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
 # Suites run by `make test`; each mk/*.mk file adds its own (trainer, integrations, deployment), each suite's command
-# ending with $(SUITE_TIME) (below).
-TEST_TARGETS := test-service
+# ending with $(SUITE_TIME) (below). The root suite (.venv, pytest.ini's testpaths) is two of them, so that make can
+# share the two cores between its half and a framework suite's to the end: test-service (the service's own tests, and
+# the quick load, fault, fuzz and hostile ones) and test-client (the rest: the math, the client, the bandit, ...).
+ROOT_TESTS := $(shell sed -n 's/^testpaths = //p' pytest.ini)
+SERVICE_TESTS := tests/server tests/reliability
+CLIENT_TESTS := $(filter-out $(SERVICE_TESTS),$(ROOT_TESTS))
+TEST_TARGETS := test-service test-client
 # Appended to every suite's pytest command: make test PYTEST_ARGS='-k readme -x'. Given arguments, a suite in which
 # they select no test (pytest's exit status 5) passes, so a -k filter can run across all suites.
 PYTEST_ARGS ?=
@@ -104,6 +109,10 @@ $(STAMP): requirements/dev.lock requirements/dev.txt core/pyproject.toml service
 # runs in that venv (tests/makefile/test_make.py).
 include mk/trl.mk
 include $(filter-out mk/trl.mk,$(wildcard mk/*.mk))
+# make starts the suites in this order as cores come free: the longest first, so that no long one starts last
+# (suite times: docs/development.md).
+LONGEST_SUITES := test-service test-openrlhf test-client
+TEST_TARGETS := $(LONGEST_SUITES) $(filter-out $(LONGEST_SUITES),$(TEST_TARGETS))
 # uv before any venv (order only: a new uv pin does not rebuild the venvs).
 $(STAMP) $(TRL_STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) $(DEPLOY_STAMP) $(INFINITY_STAMP): | $(UV_STAMP)
 
@@ -131,7 +140,10 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test-service: $(STAMP) $(SMOLLM2)
-	$(PY) -m pytest $(XDIST_ARGS) $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+	$(PY) -m pytest $(SERVICE_TESTS) $(XDIST_ARGS) $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+
+test-client: $(STAMP) $(SMOLLM2)
+	$(PY) -m pytest $(CLIENT_TESTS) $(XDIST_ARGS) $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 $(SMOLLM2): | $(STAMP)
 	$(PY) -c 'from setpo_trainer.models import smollm2_path; smollm2_path()'

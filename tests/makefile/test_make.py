@@ -5,6 +5,7 @@ prerequisite expands to nothing (a variable defined in a later-included mk/*.mk 
 uses `.venv-x/bin/...` before `python -m venv .venv-x`: on a fresh machine that is "No such file or directory".
 """
 
+import configparser
 import os
 import re
 import subprocess
@@ -49,6 +50,21 @@ def test_pytest_args_reach_every_suite():
     pytest_lines = [line for line in dry_run("test", "PYTEST_ARGS=-k readme -x") if "-m pytest" in line]
     assert len(pytest_lines) >= 6, pytest_lines
     assert all("-k readme -x" in line for line in pytest_lines), pytest_lines
+
+
+def test_the_root_suite_runs_as_two_suites_that_together_run_each_of_its_folders_once():
+    """test-service and test-client, side by side in make test: every folder of pytest.ini's testpaths in one of them."""
+    testpaths = configparser.ConfigParser()
+    testpaths.read(ROOT / "pytest.ini")
+    root_lines = [line for line in dry_run("test") if line.startswith(".venv/bin/python -m pytest ")]
+    assert [
+        next(s for s in ("test-service", "test-client") if f"out/junit/{s}.xml" in line) for line in root_lines
+    ] == [
+        "test-service",
+        "test-client",
+    ]
+    folders = [word for line in root_lines for word in line.split() if word.startswith("tests/")]
+    assert sorted(folders) == sorted(testpaths["pytest"]["testpaths"].split()), root_lines
 
 
 def make_value(variable: str) -> list[str]:

@@ -345,11 +345,55 @@ RECIPE_ENV = {
 }
 
 
-def run_recipe(name: str, env: dict, *args: str) -> subprocess.CompletedProcess:
-    """The recipe under bash with this venv's setpo-train and python first on PATH; None removes a variable."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **env}
+def recipe_under_bash(name: str, env: dict, *args: str, path: str = str(BIN)) -> subprocess.CompletedProcess:
+    """The recipe under bash with `path` (this venv's setpo-train and python) first on PATH; None removes a variable."""
+    env = {**os.environ, "PATH": f"{path}{os.pathsep}{os.environ['PATH']}", **env}
     env = {key: value for key, value in env.items() if value is not None}
     return subprocess.run(["bash", str(RECIPES / name), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def run_recipe(tmp_path, monkeypatch, capsys):
+    """The recipe under bash up to its closing `exec setpo-train ...`, whose arguments a stand-in on PATH records;
+    then setpo-train's own main on them here, in the recipe's environment: the same checks, without a process that
+    imports OpenRLHF's trainer again (~10 s each; docs/development.md). The real binary: test_a_recipe_execs_setpo_train."""
+    stand_in, recorded = tmp_path / "stand-in", tmp_path / "setpo-train-argv"
+    stand_in.mkdir()
+    (stand_in / "setpo-train").write_text(f'#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "{recorded}"\n')
+    (stand_in / "setpo-train").chmod(0o755)
+
+    def run(name: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+        recorded.unlink(missing_ok=True)
+        bash = recipe_under_bash(name, env, *args, path=f"{stand_in}{os.pathsep}{BIN}")
+        if bash.returncode != 0 or not recorded.exists():  # the recipe stopped before setpo-train
+            return bash
+        capsys.readouterr()
+        with monkeypatch.context() as patch:  # the recipe's environment, and what main sets in it, undone after
+            for key, value in {**env, "RAY_RUNTIME_ENV_HOOK": None, ray_hook.CHAINED_HOOK_VARIABLE: None}.items():
+                if value is None:
+                    patch.delenv(key, raising=False)
+                else:
+                    patch.setenv(key, value)
+            code: object = None
+            try:
+                cli.main(recorded.read_text().split("\0")[:-1])
+            except SystemExit as stopped:
+                code = stopped.code
+        out, err = capsys.readouterr()
+        if isinstance(code, int) or code is None:  # as Python exits: None is 0, an int the status, else printed and 1
+            return subprocess.CompletedProcess(bash.args, code or 0, bash.stdout + out, bash.stderr + err)
+        return subprocess.CompletedProcess(bash.args, 1, bash.stdout + out, f"{bash.stderr}{err}{code}\n")
+
+    return run
+
+
+def test_a_recipe_execs_setpo_train(tiny_model, server, tmp_path):
+    """The one recipe run through the real setpo-train process: the others record its arguments (run_recipe)."""
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    run = recipe_under_bash("grpo_gsm8k.sh", env, "--setpo.check_only")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"at {server.url}" in run.stdout and RECOMMENDED_KEYLESS in run.stdout
+    assert "the arguments check out" in run.stdout
 
 
 def test_every_recipe_is_there():
@@ -357,7 +401,7 @@ def test_every_recipe_is_there():
 
 
 @pytest.mark.parametrize("recipe", RECIPE_ENV)
-def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, server, tmp_path):
+def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, server, tmp_path, run_recipe):
     env = {
         "MODEL_PATH": tiny_model,
         "DATA_PATH": str(tmp_path / "prompts.jsonl"),
@@ -404,7 +448,7 @@ SCOPED_FORM = {
 
 
 @pytest.mark.parametrize("recipe", RECIPE_ENV)
-def test_recipes_take_the_diversity_policy_from_the_environment(recipe, tiny_model, server, tmp_path):
+def test_recipes_take_the_diversity_policy_from_the_environment(recipe, tiny_model, server, tmp_path, run_recipe):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     run = run_recipe(recipe, {**env, **RECIPE_ENV[recipe], **SCOPED_FORM}, "--setpo.check_only")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -415,7 +459,7 @@ def test_recipes_take_the_diversity_policy_from_the_environment(recipe, tiny_mod
     assert "the arguments check out" in run.stdout
 
 
-def test_an_empty_variable_passes_no_flag_and_an_argument_wins(tiny_model, server, tmp_path):
+def test_an_empty_variable_passes_no_flag_and_an_argument_wins(tiny_model, server, tmp_path, run_recipe):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     policy = {"SETPO_KERNEL": "", "SETPO_NORMALIZE": "zscore"}  # an empty kernel would be an invalid choice
     policy |= {"SETPO_FORM": "paper"}
@@ -424,13 +468,13 @@ def test_an_empty_variable_passes_no_flag_and_an_argument_wins(tiny_model, serve
     assert PAPER_FORM in run.stdout
 
 
-def test_a_recipes_diversity_policy_is_checked_like_its_flags(tiny_model, server, tmp_path):
+def test_a_recipes_diversity_policy_is_checked_like_its_flags(tiny_model, server, tmp_path, run_recipe):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_KERNEL": "hybrid"})
     assert run.returncode == 2 and "--setpo.kernel=hybrid compares solution keys: give --setpo.key" in run.stderr
 
 
-def test_recipes_take_in_flight_and_several_replicas_from_the_environment(tiny_model, server, tmp_path):
+def test_recipes_take_in_flight_and_several_replicas_from_the_environment(tiny_model, server, tmp_path, run_recipe):
     replicas = f"{server.url},http://127.0.0.1:{free_port()}"  # the second not there: one ready is enough
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": replicas}
     run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_IN_FLIGHT": "2"}, "--setpo.check_only")
@@ -440,7 +484,7 @@ def test_recipes_take_in_flight_and_several_replicas_from_the_environment(tiny_m
     assert run.returncode == 2 and "argument --setpo.in_flight: must be > 0, got 0" in run.stderr
 
 
-def test_the_gsm8k_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path):
+def test_the_gsm8k_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path, run_recipe):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_FORM": "paper"}, "--setpo.check_only")
     assert run.returncode == 0 and PAPER_FORM in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
@@ -448,7 +492,7 @@ def test_the_gsm8k_recipe_keeps_the_papers_form_one_setting_away(tiny_model, ser
     assert run.returncode == 2 and "SETPO_FORM must be recommended or paper, got 'keyed'" in run.stderr
 
 
-def test_the_countdown_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path):
+def test_the_countdown_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path, run_recipe):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     env |= RECIPE_ENV["countdown_grpo.sh"]
     run = run_recipe("countdown_grpo.sh", {**env, "SETPO_FORM": "paper"}, "--setpo.check_only")
@@ -460,7 +504,7 @@ def test_the_countdown_recipe_keeps_the_papers_form_one_setting_away(tiny_model,
     assert run.returncode == 2 and "SETPO_FORM must be recommended or paper, got 'scoped'" in run.stderr
 
 
-def test_countdown_recipe_needs_its_grid_values(tiny_model, server, tmp_path):
+def test_countdown_recipe_needs_its_grid_values(tiny_model, server, tmp_path, run_recipe):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     assert "set ROLLOUTS" in run_recipe("countdown_grpo.sh", {**env, "KL": "0.001"}).stderr
     run = run_recipe("countdown_grpo.sh", {**env, "KL": "0.001", "ROLLOUTS": "2"})
