@@ -111,7 +111,7 @@ include mk/trl.mk
 include $(filter-out mk/trl.mk,$(wildcard mk/*.mk))
 # make starts the suites in this order as cores come free: the longest first, so that no long one starts last
 # (suite times: docs/development.md).
-LONGEST_SUITES := test-service test-openrlhf test-client
+LONGEST_SUITES := test-service test-openrlhf test-client test-trl test-verl
 TEST_TARGETS := $(LONGEST_SUITES) $(filter-out $(LONGEST_SUITES),$(TEST_TARGETS))
 # uv before any venv (order only: a new uv pin does not rebuild the venvs).
 $(STAMP) $(TRL_STAMP) $(VERL_STAMP) $(OPENRLHF_STAMP) $(DEPLOY_STAMP) $(INFINITY_STAMP): | $(UV_STAMP)
