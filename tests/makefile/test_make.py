@@ -17,10 +17,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VENV_USE = re.compile(r"(?<![\w./-])(\.venv[\w-]*)/bin/")
 VENV_MADE = re.compile(r"-m venv (\.venv[\w-]*)\s*$")
+# make puts a variable set on its command line (make test TEST_JOBS=3) in its recipes' environment: the make runs
+# below see the Makefile's own defaults, not those of the make that runs this suite
+KNOBS = {"TEST_JOBS", "XDIST", "PYTEST_ARGS", "SLOWEST", "INSTALLER"}
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k not in KNOBS}
 
 
 def dry_run(*targets: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env = clean_env()
     out = subprocess.run(
         ["make", "-n", "-B", *targets], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True
     )
@@ -69,7 +76,7 @@ def test_the_root_suite_runs_as_two_suites_that_together_run_each_of_its_folders
 
 def make_value(variable: str) -> list[str]:
     """A variable of the Makefile as make sees it once every mk/*.mk is read."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env = clean_env()
     out = subprocess.run(
         ["make", "-s", "--eval", f"print-value: ; @echo $({variable})", "print-value"],
         cwd=ROOT,
@@ -108,7 +115,7 @@ def test_a_failing_suite_still_fails_make_and_its_time_is_kept(tmp_path):
     rules = tmp_path / "suites.mk"
     rules.write_text("passes:\n\ttrue $(SUITE_TIME)\nfails:\n\t(exit 3) $(SUITE_TIME)\n")
     times = tmp_path / "times.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    env = clean_env()
     run = subprocess.run(
         ["make", "-s", "-f", "Makefile", "-f", str(rules), f"TEST_TIMES={times}", "passes", "fails"],
         cwd=ROOT,
