@@ -15,9 +15,9 @@ export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
 # Suites run by `make test`; each mk/*.mk file adds its own (trainer, integrations, deployment), each suite's command
-# ending with $(SUITE_TIME) (below). The root suite (.venv, pytest.ini's testpaths) is two of them, so that make can
-# share the two cores between its half and a framework suite's to the end: test-service (the service's own tests, and
-# the quick load, fault, fuzz and hostile ones) and test-client (the rest: the math, the client, the bandit, ...).
+# ending with $(SUITE_TIME) (below). The root suite (.venv, pytest.ini's testpaths) is two of them, so that it does not
+# run last, alone, on one core: test-service (the service's own tests, and the quick load, fault, fuzz and hostile
+# ones) and test-client (the rest: the math, the client, the bandit, evaluation, ...).
 ROOT_TESTS := $(shell sed -n 's/^testpaths = //p' pytest.ini)
 SERVICE_TESTS := tests/server tests/reliability
 CLIENT_TESTS := $(filter-out $(SERVICE_TESTS),$(ROOT_TESTS))

@@ -64,12 +64,8 @@ def test_the_root_suite_runs_as_two_suites_that_together_run_each_of_its_folders
     testpaths = configparser.ConfigParser()
     testpaths.read(ROOT / "pytest.ini")
     root_lines = [line for line in dry_run("test") if line.startswith(".venv/bin/python -m pytest ")]
-    assert [
-        next(s for s in ("test-service", "test-client") if f"out/junit/{s}.xml" in line) for line in root_lines
-    ] == [
-        "test-service",
-        "test-client",
-    ]
+    parts = [next(s for s in ("test-service", "test-client") if f"out/junit/{s}.xml" in line) for line in root_lines]
+    assert parts == ["test-service", "test-client"], root_lines
     folders = [word for line in root_lines for word in line.split() if word.startswith("tests/")]
     assert sorted(folders) == sorted(testpaths["pytest"]["testpaths"].split()), root_lines
 
