@@ -26,6 +26,11 @@ TEST_TARGETS := test-service test-client
 # they select no test (pytest's exit status 5) passes, so a -k filter can run across all suites.
 PYTEST_ARGS ?=
 PYTEST_NONE_OK = $(if $(strip $(PYTEST_ARGS)),|| [ $$? -eq 5 ])
+# Begins each suite's command line (and make check's): a suite's torch processes (its own, the servers and trainers it
+# starts) share the machine's cores with each other and with the suite beside it; OpenMP threads that spin while they
+# wait for work take the CPU that the others' forward passes need, PASSIVE makes them sleep (docs/development.md,
+# "OpenMP threads that sleep"). `make test SUITE_ENV=` runs the suites with OpenMP's default.
+SUITE_ENV ?= OMP_WAIT_POLICY=PASSIVE
 # Ends each suite's command line: make runs every recipe line in a new bash, so $SECONDS is the suite's wall time.
 # It prints "suite N s" (and the exit status if not 0), appends it to TEST_TIMES, which `make test` prints at the
 # end, and exits with the command's own status, so a failing suite still fails make.
@@ -140,10 +145,10 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test-service: $(STAMP) $(SMOLLM2)
-	$(PY) -m pytest $(SERVICE_TESTS) $(XDIST_ARGS) $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+	$(SUITE_ENV) $(PY) -m pytest $(SERVICE_TESTS) $(XDIST_ARGS) $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 test-client: $(STAMP) $(SMOLLM2)
-	$(PY) -m pytest $(CLIENT_TESTS) $(XDIST_ARGS) $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+	$(SUITE_ENV) $(PY) -m pytest $(CLIENT_TESTS) $(XDIST_ARGS) $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 $(SMOLLM2): | $(STAMP)
 	$(PY) -c 'from setpo_trainer.models import smollm2_path; smollm2_path()'
@@ -161,7 +166,7 @@ CHECK_TESTS := tests/core tests/client/test_shaping.py tests/client/test_shaping
 CHECK_SKIP := tests/client/test_shaping.py::test_skip_falls_back_to_zero_and_counts_then_resumes_when_the_service_returns \
 	tests/server/test_auth.py::test_key_never_appears_in_logs_or_answers
 check: lint
-	$(PY) -m pytest $(CHECK_TESTS) $(addprefix --deselect ,$(CHECK_SKIP)) $(PYTEST_ARGS) $(PYTEST_NONE_OK)
+	$(SUITE_ENV) $(PY) -m pytest $(CHECK_TESTS) $(addprefix --deselect ,$(CHECK_SKIP)) $(PYTEST_ARGS) $(PYTEST_NONE_OK)
 
 # The paper's toy bandit, GRPO vs SetPO+GRPO, against a service it starts and stops itself.
 demo: $(STAMP)

@@ -15,7 +15,7 @@ $(DEPLOY_STAMP): requirements/deploy.lock
 	$(call venv,$(VENV_DEPLOY),-c requirements/deploy.lock $(DEPLOY_TOOLS),,none)
 
 test-deploy-config: $(DEPLOY_STAMP)
-	$(VENV_DEPLOY)/bin/python -m pytest --confcutdir=tests/deploy --ignore=tests/deploy/container tests/deploy $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+	$(SUITE_ENV) $(VENV_DEPLOY)/bin/python -m pytest --confcutdir=tests/deploy --ignore=tests/deploy/container tests/deploy $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 # The container test runs in the root .venv: the client, setpo_core and the embedded model in this process are
 # the reference the container's answers are compared with. setup.sh installs podman and builds the base image.

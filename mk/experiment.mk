@@ -22,4 +22,4 @@ experiment-keep: $(TRL_STAMP)
 
 # The quick form (a few steps of every arm, one seed, ~1 min) and the task's own checks.
 test-experiment: $(TRL_STAMP)
-	OMP_NUM_THREADS=1 $(VENV_TRL)/bin/python -m pytest tests/experiments $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+	$(SUITE_ENV) OMP_NUM_THREADS=1 $(VENV_TRL)/bin/python -m pytest tests/experiments $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)

@@ -19,7 +19,7 @@ $(OPENRLHF_STAMP): requirements/openrlhf.lock core/pyproject.toml clients/python
 
 # The placeholder vllm / flash_attn packages the tests need are put on the path by tests/trainer/conftest.py.
 test-openrlhf: $(OPENRLHF_STAMP)
-	$(VENV_OPENRLHF)/bin/python -m pytest tests/trainer $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+	$(SUITE_ENV) $(VENV_OPENRLHF)/bin/python -m pytest tests/trainer $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 # Re-pin requirements/openrlhf.lock from the current .venv-openrlhf (everything but torch, the packages
 # installed on their own above, and our editables).

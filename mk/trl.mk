@@ -13,7 +13,7 @@ $(TRL_STAMP): requirements/trl.lock clients/python/pyproject.toml services/train
 # Under XDIST, test by test across the workers (--dist load), not file by file: nearly all of the suite's time is in
 # one file, and a third of it is one test waiting for a service that never comes up (the start check's 120 s).
 test-trl: $(TRL_STAMP)
-	$(VENV_TRL)/bin/python -m pytest $(patsubst loadfile,load,$(XDIST_ARGS)) tests/integrations/trl $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+	$(SUITE_ENV) $(VENV_TRL)/bin/python -m pytest $(patsubst loadfile,load,$(XDIST_ARGS)) tests/integrations/trl $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 # Re-pin requirements/trl.lock from the current .venv-trl (everything but torch and our editables).
 lock-trl: $(TRL_STAMP)

@@ -12,7 +12,7 @@ $(VERL_STAMP): requirements/verl.lock clients/python/pyproject.toml services/tra
 		pytest pytest-timeout pytest-xdist,-e services/embedding_server)
 
 test-verl: $(VERL_STAMP) $(STAMP) $(SMOLLM2)
-	$(VENV_VERL)/bin/python -m pytest $(XDIST_ARGS) -p no:cacheprovider tests/integrations/verl $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
+	$(SUITE_ENV) $(VENV_VERL)/bin/python -m pytest $(XDIST_ARGS) -p no:cacheprovider tests/integrations/verl $(SUITE_REPORT) $(PYTEST_ARGS) $(PYTEST_NONE_OK) $(SUITE_TIME)
 
 # Re-pin requirements/verl.lock from the current .venv-verl (everything but torch and our editables).
 lock-verl: $(VERL_STAMP)

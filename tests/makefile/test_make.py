@@ -19,7 +19,7 @@ VENV_USE = re.compile(r"(?<![\w./-])(\.venv[\w-]*)/bin/")
 VENV_MADE = re.compile(r"-m venv (\.venv[\w-]*)\s*$")
 # make puts a variable set on its command line (make test TEST_JOBS=3) in its recipes' environment: the make runs
 # below see the Makefile's own defaults, not those of the make that runs this suite
-KNOBS = {"TEST_JOBS", "XDIST", "PYTEST_ARGS", "SLOWEST", "INSTALLER"}
+KNOBS = {"TEST_JOBS", "XDIST", "PYTEST_ARGS", "SLOWEST", "INSTALLER", "SUITE_ENV"}
 
 
 def clean_env() -> dict[str, str]:
@@ -63,11 +63,19 @@ def test_the_root_suite_runs_as_two_suites_that_together_run_each_of_its_folders
     """test-service and test-client, side by side in make test: every folder of pytest.ini's testpaths in one of them."""
     testpaths = configparser.ConfigParser()
     testpaths.read(ROOT / "pytest.ini")
-    root_lines = [line for line in dry_run("test") if line.startswith(".venv/bin/python -m pytest ")]
+    root_lines = [line for line in dry_run("test") if re.match(r"(\S+=\S* )*\.venv/bin/python -m pytest ", line)]
     parts = [next(s for s in ("test-service", "test-client") if f"out/junit/{s}.xml" in line) for line in root_lines]
     assert parts == ["test-service", "test-client"], root_lines
     folders = [word for line in root_lines for word in line.split() if word.startswith("tests/")]
     assert sorted(folders) == sorted(testpaths["pytest"]["testpaths"].split()), root_lines
+
+
+def test_every_suite_and_make_check_run_with_openmp_threads_that_sleep_while_they_wait():
+    """SUITE_ENV: a suite's torch processes share the cores with each other and with the suite beside it, where
+    OpenMP threads spinning for work would take the CPU the others' forward passes need (docs/development.md)."""
+    pytest_lines = [line for line in dry_run("test", "check") if "-m pytest" in line]
+    assert len(pytest_lines) == 8, pytest_lines  # seven suites and make check
+    assert all(line.startswith("OMP_WAIT_POLICY=PASSIVE ") for line in pytest_lines), pytest_lines
 
 
 def make_value(variable: str) -> list[str]:

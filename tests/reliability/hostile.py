@@ -32,6 +32,7 @@ from tests.metrics import scrape
 KEY = "hostile-suite-key-9d2c"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 OVERLAY_MEMORY_LIMIT_MB = 3 * 1024  # deploy/k8s/overlays/cpu: the pod's memory limit
+WRITE_TIMED_OUT = "setpo_connections_write_timed_out_total"
 
 
 def resident_mb(pid: int) -> float:
@@ -299,22 +300,33 @@ def leftover_bodies(server: LocalServer, outcome: Outcome, full: bool) -> None:
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc")
         socks.append(sock)
-    for _ in range(15):  # well past uvicorn's 5 s keep-alive timeout
-        for sock in socks:
+    closed: list[socket.socket] = []
+    deadline = time.monotonic() + 15  # well past uvicorn's 5 s keep-alive timeout; done once all are closed
+    while len(closed) < count and time.monotonic() < deadline:
+        time.sleep(1)
+        for sock in [sock for sock in socks if sock not in closed]:
             with contextlib.suppress(OSError):
                 sock.sendall(b"x")
-        time.sleep(1)
+            if closed_by_server(sock):
+                closed.append(sock)
+    outcome.statuses["closed"] += len(closed)
+    if len(closed) < count:
+        outcome.statuses["still open"] += count - len(closed)
     for sock in socks:
-        sock.setblocking(False)
-        try:
-            while sock.recv(65536):
-                pass
-            outcome.statuses["closed"] += 1  # b"": the server closed it
-        except BlockingIOError:
-            outcome.statuses["still open"] += 1
-        except OSError:
-            outcome.statuses["closed"] += 1
         sock.close()
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed (or reset) the connection; reads, without waiting, what it sent before."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(65536):
+            pass
+        return True  # b"": closed
+    except BlockingIOError:
+        return False  # nothing more now, but the connection is open
+    except OSError:
+        return True  # reset: the server aborted it
 
 
 def unread_answers(server: LocalServer, outcome: Outcome, full: bool) -> None:
@@ -322,6 +334,7 @@ def unread_answers(server: LocalServer, outcome: Outcome, full: bool) -> None:
     callers = 60 if full else 12
     write_timeout = httpx.get(server.url + "/info", headers=AUTH).json()["limits"].get("write_timeout", 30)
     body = b'{"input": [' + b",".join([b'"the same short text"'] * 2048) + b"]}"
+    timed_out = scrape(server).get(WRITE_TIMED_OUT, 0.0)
     socks = []
     for _ in range(callers):
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
@@ -332,18 +345,14 @@ def unread_answers(server: LocalServer, outcome: Outcome, full: bool) -> None:
             + body
         )
         socks.append(sock)
-    time.sleep(min(write_timeout, 60) + 10)  # every answer computed, and the write deadline past
+    # every answer computed and cut off at its write deadline (or, with that limit off, long past where it would be)
+    deadline = time.monotonic() + min(write_timeout, 60) + 10
+    while time.monotonic() < deadline and scrape(server).get(WRITE_TIMED_OUT, 0.0) < timed_out + callers:
+        time.sleep(0.5)
+    time.sleep(2)  # the forward thread's once-a-second trim returns the freed pages
     outcome.rss_after_mb = resident_mb(server.process.pid)
     for sock in socks:
-        sock.setblocking(False)
-        try:
-            while sock.recv(65536):  # what had reached us before the server stopped sending
-                pass
-            outcome.statuses["dropped"] += 1  # b"": closed
-        except BlockingIOError:
-            outcome.statuses["still held"] += 1  # nothing more now, but the connection is open
-        except OSError:
-            outcome.statuses["dropped"] += 1  # reset: the server aborted it
+        outcome.statuses["dropped" if closed_by_server(sock) else "still held"] += 1
         sock.close()
 
 

@@ -356,7 +356,7 @@ def recipe_under_bash(name: str, env: dict, *args: str, path: str = str(BIN)) ->
 def run_recipe(tmp_path, monkeypatch, capsys):
     """The recipe under bash up to its closing `exec setpo-train ...`, whose arguments a stand-in on PATH records;
     then setpo-train's own main on them here, in the recipe's environment: the same checks, without a process that
-    imports OpenRLHF's trainer again (~10 s each; docs/development.md). The real binary: test_a_recipe_execs_setpo_train."""
+    imports OpenRLHF's trainer again (its cost: docs/development.md). The real binary: test_a_recipe_execs_setpo_train."""
     stand_in, recorded = tmp_path / "stand-in", tmp_path / "setpo-train-argv"
     stand_in.mkdir()
     (stand_in / "setpo-train").write_text(f'#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "{recorded}"\n')
