@@ -33,7 +33,7 @@ KEY = "hostile-suite-key-9d2c"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 OVERLAY_MEMORY_LIMIT_MB = 3 * 1024  # deploy/k8s/overlays/cpu: the pod's memory limit
 WRITE_TIMED_OUT = "setpo_connections_write_timed_out_total"
-HELD_AFTER_MB = 64  # what unread answers may leave resident once cut off (test_hostile.py holds it)
+HELD_AFTER_MB = 64  # what unread answers may leave resident once cut off (test_hostile.py, round two hold it)
 
 
 def resident_mb(pid: int) -> float:
@@ -41,6 +41,18 @@ def resident_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def resident_mb_once_back(pid: int, baseline_mb: float, within_mb: float = HELD_AFTER_MB, timeout: float = 10) -> float:
+    """The process's resident MB once back within `within_mb` of `baseline_mb`, or as it is when `timeout` runs out.
+
+    The forward thread's once-a-second trim returns freed pages: a second or two when quiet, more beside other suites
+    (a fixed 2 s flaked there; docs/development.md). It returns rather than raises, so that the full soak can report
+    what a server with the limit off still holds."""
+    deadline = time.monotonic() + timeout
+    while (held := resident_mb(pid)) - baseline_mb >= within_mb and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return held
 
 
 @dataclass
@@ -350,12 +362,7 @@ def unread_answers(server: LocalServer, outcome: Outcome, full: bool) -> None:
     deadline = time.monotonic() + min(write_timeout, 60) + 10
     while time.monotonic() < deadline and scrape(server).get(WRITE_TIMED_OUT, 0.0) < timed_out + callers:
         time.sleep(0.5)
-    # then the forward thread's once-a-second trim returns the freed pages: a second or two when quiet, more beside
-    # other suites; a server that keeps them still fails, once this deadline is out
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and resident_mb(server.process.pid) - outcome.rss_before_mb >= HELD_AFTER_MB:
-        time.sleep(0.25)
-    outcome.rss_after_mb = resident_mb(server.process.pid)
+    outcome.rss_after_mb = resident_mb_once_back(server.process.pid, outcome.rss_before_mb)
     for sock in socks:
         outcome.statuses["dropped" if closed_by_server(sock) else "still held"] += 1
         sock.close()
