@@ -43,14 +43,14 @@ def resident_mb(pid: int) -> float:
     return 0.0
 
 
-def resident_mb_once_back(pid: int, baseline_mb: float, within_mb: float = HELD_AFTER_MB, timeout: float = 10) -> float:
-    """The process's resident MB once back within `within_mb` of `baseline_mb`, or as it is when `timeout` runs out.
+def resident_mb_once_back(pid: int, baseline_mb: float) -> float:
+    """The process's resident MB once back within HELD_AFTER_MB of `baseline_mb`, or as it is after 10 s.
 
     The forward thread's once-a-second trim returns freed pages: a second or two when quiet, more beside other suites
     (a fixed 2 s flaked there; docs/development.md). It returns rather than raises, so that the full soak can report
     what a server with the limit off still holds."""
-    deadline = time.monotonic() + timeout
-    while (held := resident_mb(pid)) - baseline_mb >= within_mb and time.monotonic() < deadline:
+    deadline = time.monotonic() + 10
+    while (held := resident_mb(pid)) - baseline_mb >= HELD_AFTER_MB and time.monotonic() < deadline:
         time.sleep(0.25)
     return held
 

@@ -7,6 +7,7 @@ import select
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -132,6 +133,42 @@ def test_a_connection_whose_headers_do_not_arrive_in_time_gets_408_and_is_closed
     # until the caller gives up
     assert 1.95 <= took < 5, took
     assert metric(limited, "setpo_connections_timed_out_total") == timed_out + 1
+
+
+def test_a_caller_still_sending_when_refused_reads_the_whole_answer_then_an_orderly_close(limited):
+    """A slowloris caller's next line may be under way when its 408 goes out. Closing with that line unread sends a
+    reset instead of a close, and the caller's read of the answer ends in ConnectionResetError (the flake of
+    docs/development.md, the fifth session, item 6). Eight callers send a header line every millisecond until their
+    answer comes: each must read the whole 408, then the end of the stream."""
+
+    def answer_of_a_fast_trickler() -> bytes:
+        with socket.create_connection(("127.0.0.1", limited.port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\n")
+            while not select.select([sock], [], [], 0.001)[0]:
+                sock.sendall(b"X-a: b\r\n")
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            return answer
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: answer_of_a_fast_trickler(), range(8)))
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408") and answer.endswith(b"}"), answer
+
+
+def test_a_caller_that_keeps_sending_after_its_answer_is_cut_off_soon_after(limited):
+    """What a refused caller still sends is read and dropped only for a moment: one that keeps sending (a slowloris
+    that ignores its 408) finds the connection closed within seconds, not held."""
+    with socket.create_connection(("127.0.0.1", limited.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/diversity HTTP/1.1\r\nHost: x\r\n")
+        select.select([sock], [], [], 10)
+        answered = time.monotonic()
+        with pytest.raises(OSError):  # a reset (or broken pipe) once the service has closed its end
+            while time.monotonic() - answered < 10:
+                sock.sendall(b"X-a: b\r\n")
+                time.sleep(0.01)
+        assert time.monotonic() - answered < 5
 
 
 def test_headers_sent_in_time_are_served_however_long_the_connection_lives(limited):

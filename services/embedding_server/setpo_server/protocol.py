@@ -11,7 +11,9 @@ uvicorn bounds none of these itself (docs/reliability.md has each probe and its 
   longest-idle one (between requests, or not yet begun), or, when every connection is busy, gets 503 and is closed:
   refused in words, where running out of descriptors would refuse /health in silence;
 - answers nobody reads: an answer still unsent SETPO_WRITE_TIMEOUT after the socket stopped taking it is dropped
-  with its connection, and the memory it held goes back to the OS.
+  with its connection, and the memory it held goes back to the OS;
+- refusals (408, 431, 503) close lingering, as nginx's lingering_close: what the caller still sends is read and
+  dropped for up to `linger` seconds and a header's worth of bytes, so that its answer is not lost to a reset.
 """
 
 import asyncio
@@ -32,13 +34,15 @@ class BoundedProtocol(HttpToolsProtocol):
     header_timeout: float = 10.0
     max_header_bytes: int = 32 * 1024
     write_timeout: float = 30.0
+    linger: float = 2.0  # after a refusal, how long what the caller still sends is read and dropped
     max_connections: int = 1024
     header_deadline: asyncio.TimerHandle | None = None  # the running header clock, per connection once started
     write_deadline: asyncio.TimerHandle | None = None  # runs while the socket takes no more of an answer
-    header_bytes: int = 0  # received since the request began, while its headers are incomplete
+    header_bytes: int = 0  # received since the request began while its headers are incomplete, or since a refusal
     in_headers: bool = True  # from the connection's or a request's first byte until its headers are complete
     in_request: bool = False  # from a request's first byte until its answer is sent
     idle_since: float = 0.0  # monotonic time it last became idle (between requests, or opened)
+    lingering: bool = False  # refused: its answer is sent and its write side closed; what comes now is dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
@@ -65,6 +69,11 @@ class BoundedProtocol(HttpToolsProtocol):
         return True
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            self.header_bytes += len(data)
+            if self.header_bytes > self.max_header_bytes:  # not a line under way but a flood: cut it now
+                self.transport.close()
+            return
         # As uvicorn's, but leftover body bytes no longer cancel the keep-alive timer (on_message_begin does), and
         # header bytes are counted: httptools keeps an unfinished header line whole, however long it grows.
         try:
@@ -154,7 +163,9 @@ class BoundedProtocol(HttpToolsProtocol):
     def refuse(
         self, status: int, reason: str, message: str, kind: str, param: str | None, retry_after: int | None = None
     ) -> None:
-        """Answer in the service's JSON error shape from the connection itself, and close it."""
+        """Answer in the service's JSON error shape from the connection itself, and close it lingering: closed at
+        once with the caller's next bytes unread, the kernel would send a reset, which can cost the caller the
+        answer it has not read yet (docs/reliability.md)."""
         body = ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param)).model_dump_json().encode()
         retry = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
         head = (
@@ -162,4 +173,10 @@ class BoundedProtocol(HttpToolsProtocol):
             f"{retry}connection: close\r\n\r\n"
         )
         self.transport.write(head.encode() + body)
-        self.transport.close()
+        self.transport.write_eof()
+        self.stop_header_clock()
+        if self.cycle is not None and not self.cycle.response_complete:  # an app still answering a request before
+            self.cycle.disconnected = True  # this one: its writes are dropped, as on a lost connection
+        # the first connection reclaim_idle closes when room is needed
+        self.lingering, self.header_bytes, self.in_request, self.idle_since = True, 0, False, 0.0
+        self.loop.call_later(self.linger, self.transport.close)
