@@ -15,7 +15,7 @@ def scrape(server) -> dict[str, float]:
         with server.http() as http:
             text = http.get("/metrics").text
     else:
-        text = httpx.get(server.url + "/metrics").text
+        text = httpx.get(server.url + "/metrics", timeout=30).text  # a read, not a bound on latency (httpx: 5 s)
     samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

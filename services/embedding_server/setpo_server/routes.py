@@ -6,6 +6,7 @@ Probes are `async def`: they answer from the event loop and never wait for the w
 """
 
 import base64
+import threading
 
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -36,6 +37,9 @@ from setpo_server.state import service
 
 router = APIRouter()
 DATA_ROUTE = [Depends(require_key), Depends(limit_in_progress)]  # in this order: the key first
+# One /v1/embeddings answer built at a time: torch's tolist and pydantic hold the GIL in long C calls, and a dozen at
+# once kept the event loop from it, /health included, for up to 1.9 s (docs/reliability.md, big answers).
+SERIALISING = threading.Lock()
 
 
 @router.get("/health")
@@ -169,20 +173,21 @@ async def embeddings(request: Request, batcher: Batcher = Depends(ready_batcher)
 
     embedded = await until_done_or_gone(request, embed_texts(batcher, texts, caller(request)), "input")
 
-    def serialised() -> str:  # in a worker thread: thousands of vectors must not hold the event loop
-        rows = embedded.embeddings  # (n, dim)
-        if body.dimensions is not None:
-            rows = unit_rows(rows[:, : body.dimensions])
-        if body.encoding_format == "base64":
-            vectors = [base64.b64encode(row.numpy().astype("<f4").tobytes()).decode() for row in rows]
-        else:
-            vectors = rows.tolist()
-        tokens = sum(embedded.tokens)
-        return EmbeddingsResponse(
-            data=[Embedding(index=i, embedding=vector) for i, vector in enumerate(vectors)],
-            model=served_names(request, batcher)[0],
-            usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens, truncated=sum(embedded.truncated)),
-        ).model_dump_json(exclude_none=True)
+    def serialised() -> str:  # in a worker thread, one at a time: thousands of vectors must not hold the event loop
+        with SERIALISING:
+            rows = embedded.embeddings  # (n, dim)
+            if body.dimensions is not None:
+                rows = unit_rows(rows[:, : body.dimensions])
+            if body.encoding_format == "base64":
+                vectors = [base64.b64encode(row.numpy().astype("<f4").tobytes()).decode() for row in rows]
+            else:
+                vectors = rows.tolist()
+            tokens = sum(embedded.tokens)
+            return EmbeddingsResponse(
+                data=[Embedding(index=i, embedding=vector) for i, vector in enumerate(vectors)],
+                model=served_names(request, batcher)[0],
+                usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens, truncated=sum(embedded.truncated)),
+            ).model_dump_json(exclude_none=True)
 
     return Response(await run_in_threadpool(serialised), media_type="application/json")
 
