@@ -170,16 +170,23 @@ def ask_and_never_read(server: LocalServer) -> socket.socket:
 
 def test_answers_nobody_reads_are_dropped_at_the_write_deadline_and_memory_returns(server):
     baseline = resident_mb(server.process.pid)
+    peak = baseline
     readers = [ask_and_never_read(server) for _ in range(24)]  # 16 MB of float JSON each, deduplicated to one text
+
+    def all_but_a_few_dropped() -> bool:
+        nonlocal peak
+        peak = max(peak, resident_mb(server.process.pid))
+        return metric(server, "setpo_connections_write_timed_out_total") >= 20
+
     try:
-        time.sleep(4)
-        peak = resident_mb(server.process.pid)
-        server.wait_until(lambda: metric(server, "setpo_connections_write_timed_out_total") >= 20, timeout=30)
+        server.wait_until(all_but_a_few_dropped, timeout=60)
         after = resident_mb_once_back(server.process.pid, baseline)
     finally:
         for sock in readers:
             sock.close()
-    assert peak - baseline > 100, "the probe did not make the server hold its answers"
+    # answers are built one at a time (routes.py), each held until its write deadline: on a loaded machine only two
+    # or three are held at once
+    assert peak - baseline > 32, "the probe did not make the server hold its answers"
     assert after - baseline < HELD_AFTER_MB, f"resident memory still {after - baseline:.0f} MB above its start"
 
 

@@ -34,8 +34,8 @@ class BoundedProtocol(HttpToolsProtocol):
     header_timeout: float = 10.0
     max_header_bytes: int = 32 * 1024
     write_timeout: float = 30.0
-    linger: float = 2.0  # after a refusal, how long what the caller still sends is read and dropped
     max_connections: int = 1024
+    linger: float = 2.0  # not a setting: after a refusal, long enough for what the caller had under way
     header_deadline: asyncio.TimerHandle | None = None  # the running header clock, per connection once started
     write_deadline: asyncio.TimerHandle | None = None  # runs while the socket takes no more of an answer
     header_bytes: int = 0  # received since the request began while its headers are incomplete, or since a refusal
