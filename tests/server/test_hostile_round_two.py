@@ -51,13 +51,35 @@ def health_seconds(server: LocalServer) -> float:
     return time.monotonic() - started
 
 
-def test_a_header_over_the_limit_gets_431_and_the_connection_closes(server):
+@pytest.mark.parametrize("size", [40_000, 1_000_000], ids=["whole-in-one-read", "over-many-reads"])
+def test_a_header_over_the_limit_gets_431_and_the_connection_closes(server, size):
+    """Over the 32 KiB default, whether the whole header block comes in one read (and is complete when counted) or
+    is still arriving."""
     sock = connect(server)
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed while we still send: the limit at work
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
     answer = read_answer(sock)
     assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
     assert b"SETPO_MAX_HEADER_BYTES" in answer
+
+
+def test_a_header_over_the_limit_behind_a_pipelined_request_is_refused_after_that_request_is_answered(server):
+    """HTTP/1.1 answers pipelined requests in the order they came: the request before the oversized one gets its own
+    answer first, then the 431, then the close. A 431 sent at once would be read as the first request's answer."""
+    body = b'{"input": ["a pipelined request"]}'
+    first = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    oversized = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n"  # over the 32 KiB default
+    sock = connect(server)
+    sock.sendall(first + oversized)  # in one write: the first request is still being answered when the second comes
+    answer = read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b'"embedding"' in answer.split(b"HTTP/1.1 431")[0]
+    refusal = answer[answer.find(b"HTTP/1.1 ", 1) :]
+    assert refusal.startswith(b"HTTP/1.1 431") and b"SETPO_MAX_HEADER_BYTES" in refusal, answer[:200]
 
 
 def stream_one_header(server: LocalServer, seconds: float, sent: list[int]) -> None:

@@ -3,6 +3,8 @@ key is refused before the body is read, slow senders (of headers or body) are cu
 once get 503. What needs a socket (a body never sent, slow senders, connections held, /health within its own
 timeout while a body is parsed) runs against the real server; the rest in-process (tests/inprocess.py)."""
 
+import json
+import re
 import select
 import socket
 import threading
@@ -27,6 +29,7 @@ LIMITS = {
     "header_timeout": 2,
     "max_queue_tokens": 400,
 }
+PIPELINED = 48  # answers of 16 embeddings each, about 6.5 MB: more than a socket's buffers take unread
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +136,31 @@ def test_a_connection_whose_headers_do_not_arrive_in_time_gets_408_and_is_closed
     # until the caller gives up
     assert 1.95 <= took < 5, took
     assert metric(limited, "setpo_connections_timed_out_total") == timed_out + 1
+
+
+def test_a_pipelined_request_whose_headers_run_out_of_time_behind_answers_gets_408_after_them(limited):
+    """The header clock of a request pipelined behind answers the caller is slow to read runs out while they are
+    still being sent: they go out whole, then the 408 (HTTP/1.1 answers in order), then the close."""
+    body = json.dumps({"input": [f"pipelined text {i}" for i in range(16)]}).encode()
+    request = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answers wait in the server's buffers
+        sock.connect(("127.0.0.1", limited.port))
+        sock.sendall(request * PIPELINED + b"GET /health HTTP/1.1\r\n")  # more answer than the buffers hold
+        time.sleep(3)  # past the last request's SETPO_HEADER_TIMEOUT=2, the answers unread
+        answer = b""
+        while chunk := sock.recv(1 << 20):
+            answer += chunk
+    for _ in range(PIPELINED):
+        head, _, answer = answer.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE)[1])
+        assert head.startswith(b"HTTP/1.1 200") and len(json.loads(answer[:length])["data"]) == 16, head
+        answer = answer[length:]
+    assert answer.startswith(b"HTTP/1.1 408") and b"SETPO_HEADER_TIMEOUT=2" in answer, answer[:200]
 
 
 def test_a_caller_still_sending_when_refused_reads_the_whole_answer_then_an_orderly_close(limited):

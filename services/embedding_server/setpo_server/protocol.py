@@ -12,14 +12,17 @@ uvicorn bounds none of these itself (docs/reliability.md has each probe and its 
   refused in words, where running out of descriptors would refuse /health in silence;
 - answers nobody reads: an answer still unsent SETPO_WRITE_TIMEOUT after the socket stopped taking it is dropped
   with its connection, and the memory it held goes back to the OS;
-- refusals (408, 431, 503) close lingering, as nginx's lingering_close: what the caller still sends is read and
-  dropped for up to `linger` seconds and a header's worth of bytes, so that its answer is not lost to a reset.
+- refusals (408, 431, 503) come after the answers to the requests pipelined before them, and close lingering, as
+  nginx's lingering_close: what the caller still sends is read and dropped for up to `linger` seconds and a header's
+  worth of bytes, so that its answer is not lost to a reset.
 """
 
 import asyncio
 import socket
 import struct
 import time
+from collections.abc import Callable
+from functools import partial
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -42,7 +45,8 @@ class BoundedProtocol(HttpToolsProtocol):
     in_headers: bool = True  # from the connection's or a request's first byte until its headers are complete
     in_request: bool = False  # from a request's first byte until its answer is sent
     idle_since: float = 0.0  # monotonic time it last became idle (between requests, or opened)
-    lingering: bool = False  # refused: its answer is sent and its write side closed; what comes now is dropped
+    lingering: bool = False  # refused: what the caller sends from now on is dropped
+    refusal: Callable[[], None] | None = None  # a refusal held until the answers to the requests before it are sent
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
@@ -79,7 +83,8 @@ class BoundedProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self.send_400_response("Invalid HTTP request received.")
+            if not self.lingering:  # lingering: a callback refused the request (on_headers_complete) and stopped it
+                self.send_400_response("Invalid HTTP request received.")
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -90,9 +95,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if self.in_headers:  # counted after the feed: a chunk that ends the headers may carry body bytes too
             self.header_bytes += len(data)
             if self.header_bytes > self.max_header_bytes and not self.transport.is_closing():
-                metrics.HEADERS_TOO_LARGE.inc()
-                message = f"the request headers are larger than SETPO_MAX_HEADER_BYTES={self.max_header_bytes} bytes"
-                self.refuse(431, "Request Header Fields Too Large", message, "invalid_request_error", "headers")
+                self.headers_too_large()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -103,12 +106,18 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self.stop_header_clock()
         self.in_headers = False
+        # a whole header block can come in one read, never counted in data_received as incomplete: its parsed size
+        if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > self.max_header_bytes:
+            self.headers_too_large()
+            raise httptools.HttpParserCallbackError("refused: 431")  # stops the parse; the rest is dropped
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         if not self.pipeline:
             self.in_request, self.idle_since = False, time.monotonic()
         super().on_response_complete()
+        if self.refusal is not None and not self.transport.is_closing():
+            self.refusal()  # its turn, unless a pipelined request before it is still being answered
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_header_clock()
@@ -153,19 +162,28 @@ class BoundedProtocol(HttpToolsProtocol):
         self.header_deadline = None
         if self.transport.is_closing():
             return
-        if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request behind a response
-            self.cycle.keep_alive = False  # being written: close once it is out, as uvicorn's shutdown does
-            return
         metrics.CONNECTIONS_TIMED_OUT.inc()
         message = f"the request headers did not arrive within SETPO_HEADER_TIMEOUT={self.header_timeout} s"
         self.refuse(408, "Request Timeout", message, "timeout", "headers")
 
+    def headers_too_large(self) -> None:
+        metrics.HEADERS_TOO_LARGE.inc()
+        message = f"the request headers are larger than SETPO_MAX_HEADER_BYTES={self.max_header_bytes} bytes"
+        self.refuse(431, "Request Header Fields Too Large", message, "invalid_request_error", "headers")
+
     def refuse(
         self, status: int, reason: str, message: str, kind: str, param: str | None, retry_after: int | None = None
     ) -> None:
-        """Answer in the service's JSON error shape from the connection itself, and close it lingering: closed at
-        once with the caller's next bytes unread, the kernel would send a reset, which can cost the caller the
-        answer it has not read yet (docs/reliability.md)."""
+        """Answer in the service's JSON error shape from the connection itself, after the answers to the requests
+        pipelined before this one (HTTP/1.1 answers in order), and close it lingering: closed at once with the
+        caller's next bytes unread, the kernel would send a reset, which can cost the caller the answer it has not
+        read yet (docs/reliability.md)."""
+        self.lingering, self.header_bytes = True, 0
+        self.stop_header_clock()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.refusal = partial(self.refuse, status, reason, message, kind, param, retry_after)
+            return
+        self.refusal = None
         body = ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param)).model_dump_json().encode()
         retry = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
         head = (
@@ -174,9 +192,5 @@ class BoundedProtocol(HttpToolsProtocol):
         )
         self.transport.write(head.encode() + body)
         self.transport.write_eof()
-        self.stop_header_clock()
-        if self.cycle is not None and not self.cycle.response_complete:  # an app still answering a request before
-            self.cycle.disconnected = True  # this one: its writes are dropped, as on a lost connection
-        # the first connection reclaim_idle closes when room is needed
-        self.lingering, self.header_bytes, self.in_request, self.idle_since = True, 0, False, 0.0
+        self.in_request, self.idle_since = False, 0.0  # the first connection reclaim_idle closes when room is needed
         self.loop.call_later(self.linger, self.transport.close)
