@@ -147,11 +147,14 @@ def test_a_pipelined_request_whose_headers_run_out_of_time_behind_answers_gets_4
         + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
+    timed_out = metric(limited, "setpo_connections_timed_out_total")
     with socket.socket() as sock:
+        sock.settimeout(30)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answers wait in the server's buffers
         sock.connect(("127.0.0.1", limited.port))
         sock.sendall(request * PIPELINED + b"GET /health HTTP/1.1\r\n")  # more answer than the buffers hold
-        time.sleep(3)  # past the last request's SETPO_HEADER_TIMEOUT=2, the answers unread
+        # the answers unread until the last request's SETPO_HEADER_TIMEOUT=2 has run out
+        limited.wait_until(lambda: metric(limited, "setpo_connections_timed_out_total") > timed_out, 30)
         answer = b""
         while chunk := sock.recv(1 << 20):
             answer += chunk
