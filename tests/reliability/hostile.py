@@ -28,6 +28,7 @@ import httpx
 
 from setpo_server.local import LocalServer
 from tests.metrics import scrape
+from tests.raw_http import embeddings_request
 
 KEY = "hostile-suite-key-9d2c"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
@@ -352,11 +353,7 @@ def unread_answers(server: LocalServer, outcome: Outcome, full: bool) -> None:
     for _ in range(callers):
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.sendall(
-            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+        sock.sendall(embeddings_request(KEY, body))
         socks.append(sock)
     # every answer computed and cut off at its write deadline (or, with that limit off, long past where it would be)
     deadline = time.monotonic() + min(write_timeout, 60) + 10

@@ -15,6 +15,7 @@ import pytest
 from setpo_server.local import LocalServer
 from tests.inprocess import InProcessService
 from tests.metrics import metric
+from tests.raw_http import embeddings_request
 from tests.reliability.hostile import HELD_AFTER_MB, resident_mb, resident_mb_once_back
 
 KEY = "round-two-key-77c1"
@@ -67,11 +68,7 @@ def test_a_header_over_the_limit_behind_a_pipelined_request_is_refused_after_tha
     """HTTP/1.1 answers pipelined requests in the order they came: the request before the oversized one gets its own
     answer first, then the 431, then the close. A 431 sent at once would be read as the first request's answer."""
     body = b'{"input": ["a pipelined request"]}'
-    first = (
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    first = embeddings_request(KEY, body)
     oversized = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n"  # over the 32 KiB default
     sock = connect(server)
     sock.sendall(first + oversized)  # in one write: the first request is still being answered when the second comes
@@ -182,11 +179,7 @@ def ask_and_never_read(server: LocalServer) -> socket.socket:
     body = b'{"input": [' + b",".join([b'"the same short text"'] * 2048) + b"]}"
     sock = connect(server)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.sendall(
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    sock.sendall(embeddings_request(KEY, body))
     return sock
 
 

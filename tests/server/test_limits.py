@@ -17,6 +17,7 @@ import pytest
 from setpo_server.local import LocalServer
 from tests.inprocess import InProcessService
 from tests.metrics import metric
+from tests.raw_http import embeddings_request
 
 KEY = "limits-test-key-51f0"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -142,11 +143,7 @@ def test_a_pipelined_request_whose_headers_run_out_of_time_behind_answers_gets_4
     """The header clock of a request pipelined behind answers the caller is slow to read runs out while they are
     still being sent: they go out whole, then the 408 (HTTP/1.1 answers in order), then the close."""
     body = json.dumps({"input": [f"pipelined text {i}" for i in range(16)]}).encode()
-    request = (
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    request = embeddings_request(KEY, body)
     timed_out = metric(limited, "setpo_connections_timed_out_total")
     with socket.socket() as sock:
         sock.settimeout(30)
