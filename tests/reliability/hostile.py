@@ -355,9 +355,16 @@ def unread_answers(server: LocalServer, outcome: Outcome, full: bool) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(embeddings_request(KEY, body))
         socks.append(sock)
-    # every answer computed and cut off at its write deadline (or, with that limit off, long past where it would be)
-    deadline = time.monotonic() + min(write_timeout, 60) + 10
-    while time.monotonic() < deadline and scrape(server).get(WRITE_TIMED_OUT, 0.0) < timed_out + callers:
+    # every answer computed and cut off at its write deadline (or, with that limit off, long past where it would be).
+    # Answers are built one at a time (routes.py), so on a loaded machine the last starts many seconds after the
+    # first: wait while the cut-offs keep coming, until none has come for a write deadline and 10 s.
+    patience = min(write_timeout, 60) + 10
+    seen, progress_at = timed_out, time.monotonic()
+    while (cut_off := scrape(server).get(WRITE_TIMED_OUT, 0.0)) < timed_out + callers:
+        if cut_off > seen:
+            seen, progress_at = cut_off, time.monotonic()
+        elif time.monotonic() - progress_at > patience:
+            break
         time.sleep(0.5)
     outcome.rss_after_mb = resident_mb_once_back(server.process.pid, outcome.rss_before_mb)
     for sock in socks:
