@@ -45,17 +45,31 @@ def test_without_a_native_flag_float32_is_kept_without_measuring(st_model):
     assert decision.reason == f"auto: float32 (no native bfloat16: no {' or '.join(NATIVE_FLAGS)} flag)"
 
 
-def test_bfloat16_that_strays_from_float32_is_refused_however_fast(st_model):
-    decision, served = choose_cpu_dtype(st_model, "amx_bf16", 1.5)  # a bound no bfloat16 embedding can meet
-    assert decision.dtype == torch.float32 and served is st_model
-    assert decision.reason.startswith("auto: float32 (bfloat16 native amx_bf16, ") and decision.reason.endswith(
-        "< 1.5)"
-    )
+@pytest.fixture(scope="module")
+def probed(st_model, tmp_path_factory):
+    """One real probe for the tests below, as if the CPU had avx512_bf16 (where bfloat16 is emulated, as on an AVX2
+    CPU, a probe takes about 35 s): its decision at the bound 0, the model it serves, and the cache file it wrote.
+    What follows a measurement is the same code whether it was just taken or kept, so a test that needs another
+    bound or speed decides from its own copy of that file."""
+    cache = tmp_path_factory.mktemp("probe") / "setpo" / "dtype-probe.json"  # a folder keep_probe makes
+    decision, served = choose_cpu_dtype(st_model, "avx512_bf16", 0.0, cache)
+    assert next(st_model.parameters()).dtype == torch.float32  # the probe measured a copy, not the model it was given
+    return decision, served, cache.read_text()
+
+
+def test_bfloat16_that_strays_from_float32_is_refused_however_fast(st_model, probed, tmp_path):
+    cache = tmp_path / "dtype-probe.json"  # the probe's measurement, made 7x faster than any CPU runs it
+    cache.write_text(json.dumps({key: {**kept, "speedup": 7.0} for key, kept in json.loads(probed[2]).items()}))
+    decision, served = choose_cpu_dtype(st_model, "avx512_bf16", 1.5, cache)  # a bound no bfloat16 embedding can meet
+    assert decision.dtype == torch.float32 and served is st_model and decision.speedup == 7.0
+    assert decision.reason.startswith(
+        "auto: float32 (bfloat16 native avx512_bf16, 7.0x, "
+    ) and decision.reason.endswith("< 1.5)")
     assert next(st_model.parameters()).dtype == torch.float32  # the served model was not converted in place
 
 
-def test_bfloat16_is_kept_only_when_measured_faster_and_its_model_is_served(st_model):
-    decision, served = choose_cpu_dtype(st_model, "avx512_bf16", 0.0)
+def test_bfloat16_is_kept_only_when_measured_faster_and_its_model_is_served(probed):
+    decision, served, _ = probed
     assert decision.speedup is not None and decision.min_cosine is not None
     # MiniLM's bfloat16 embeddings of the probe texts: measured 0.9999 and up on AMX; 0.999 is the claim here
     assert decision.min_cosine > 0.999
@@ -83,9 +97,10 @@ def test_an_explicit_dtype_is_obeyed_and_named():
     assert (info.dtype, info.dtype_reason) == ("float32", "SETPO_DTYPE=float32")
 
 
-def test_a_kept_measurement_is_used_at_the_next_start_and_the_cosine_bound_applied_afresh(st_model, tmp_path):
-    cache = tmp_path / "setpo" / "dtype-probe.json"
-    first, _ = choose_cpu_dtype(st_model, "avx512_bf16", 0.0, cache)
+def test_a_kept_measurement_is_used_at_the_next_start_and_the_cosine_bound_applied_afresh(st_model, probed, tmp_path):
+    cache = tmp_path / "dtype-probe.json"
+    first, _, written = probed
+    cache.write_text(written)
     (entry,) = json.loads(cache.read_text()).values()
     assert (entry["speedup"], entry["min_cosine"]) == (first.speedup, first.min_cosine)
     assert not first.reason.endswith("kept from an earlier start)")
