@@ -285,6 +285,52 @@ def test_a_step_that_falls_back_reports_the_requests_it_made(replicas, fake):
     assert step.metrics["setpo/requests"] == 1 and step.metrics["setpo/chunk_retries"] == 1
 
 
+def huge_numbers(body):
+    answer = good_answer(body)
+    for group in answer["groups"]:
+        group["marginals"] = [1e308] * len(group["marginals"])
+        group["set_score"] = 1e308
+    return answer
+
+
+def other_weight(body):
+    return {**good_answer(body), "weight": 0.05}
+
+
+def scored_beyond_the_group(body):
+    answer = good_answer(body)
+    for group in answer["groups"]:
+        group["scored"] = 1000
+    return answer
+
+
+def short_local_mass(body):
+    answer = good_answer(body)
+    for group in answer["groups"]:
+        group["local_mass"] = group["local_mass"][:1]
+    return answer
+
+
+@pytest.mark.parametrize("answer", [huge_numbers, other_weight, scored_beyond_the_group, short_local_mass])
+def test_answers_that_do_not_fit_what_was_sent_cost_their_chunk_one_retry_elsewhere(replicas, serial, fake, answer):
+    """Off the contract though every number is finite: numbers whose squares overflow (they would overflow the step's
+    means), a weight other than the one sent, a group answered as having more members scored than it has, a
+    per-member list of another length. Each is that replica's fault: its chunk is asked of the other."""
+    liar, _ = fake(answer)
+    with SetpoClient(f"{replicas[0].url},{liar}") as client:
+        step = SetpoShaper(client, on_error="skip", **POLICY).score(GROUPS, rewards=REWARDS)
+    same_step(step, serial)
+    assert step.metrics["setpo/chunk_retries"] == 1 and step.metrics["setpo/requests"] == 2
+
+
+def test_numbers_too_large_to_sum_from_the_only_replica_fall_back_under_skip_and_never_reach_the_trainer(fake):
+    liar, _ = fake(huge_numbers)
+    with SetpoClient(liar) as client:
+        step = SetpoShaper(client, weight=0.3, on_error="skip").score(GROUPS)
+    assert step.metrics["setpo/fallback_steps"] == 1 and step.marginals is None
+    assert all(value == 0.0 for group in step.bonus for value in group)
+
+
 def test_an_answer_off_the_contract_from_the_only_replica_still_fails_the_step(fake):
     liar, _ = fake(nan_bonus)
     with SetpoClient(liar) as client, pytest.raises(SetpoError, match="not a finite number in the answer's bonus"):
@@ -322,7 +368,17 @@ def test_info_is_the_strictest_of_the_replicas_and_refuses_a_mix_of_models(repli
     assert info.limits.max_groups == 7 and info.truncate_chars == 100
     assert info.limits.max_request_rows == real["limits"]["max_request_rows"]  # one replica does not say: the other
     assert info.limits.max_body_bytes == real["limits"]["max_body_bytes"]
-    other, _ = fake(model="another-model")
-    with SetpoClient(f"{a.url},{other}") as client, pytest.raises(SetpoError, match="different models"):
-        client.info()
+    for changed in ({"model": "another-model"}, {"shape": "neg_linear"}, {"truncation_side": "left"}):
+        other, _ = fake(**changed)  # each scores the same texts differently: a step's chunks would not compare
+        with SetpoClient(f"{a.url},{other}") as client, pytest.raises(SetpoError, match="different models"):
+            client.info()
     assert strictest([info]) == info
+
+
+def test_a_replica_whose_contract_is_not_a_version_number_is_left_out_and_alone_refused_clearly(replicas, fake):
+    odd, _ = fake(contract="1.1-rc1")
+    with SetpoClient(f"{odd},{replicas[0].url}") as client:
+        assert client.info().contract == "1.1"  # the other replica's: the odd one is read as off the contract
+        assert SetpoShaper(client, weight=0.3).check().contract == "1.1"
+    with SetpoClient(odd) as client, pytest.raises(SetpoError, match="contract"):
+        SetpoShaper(client, weight=0.3).check()

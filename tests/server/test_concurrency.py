@@ -55,13 +55,27 @@ def test_requests_queued_behind_a_running_batch_share_one_forward_and_dedup():
             metric(service, "setpo_forward_seconds_count"),
             metric(service, "setpo_forward_seconds_sum"),
         )
+        # The forward thread is held until every request below is queued. A fixed wait used to stand in for that;
+        # under load the big job could end before the ten small requests had all come, and they took two forwards.
+        gate = threading.Event()
+        service.state.batcher._forward_thread.submit(gate.wait)
+
+        def queued(texts: int) -> None:
+            deadline = time.monotonic() + 60
+            while metric(service, "setpo_queue_texts") < texts:
+                assert time.monotonic() < deadline, f"{texts} texts never queued"
+                time.sleep(0.02)
+
         big = threading.Thread(target=lambda: service.client().embeddings(long_texts))
         big.start()
-        time.sleep(0.5)  # the big job is in the forward thread now; everything below queues behind it
+        queued(256)  # the big job's first two batches are handed to the forward thread; everything below queues behind
         shared = ["the same first answer", "the same second answer", "the same third answer"]
         small = [[{"texts": shared + [f"own answer {i}.{j}" for j in range(3)]}] for i in range(10)]
         with ThreadPoolExecutor(10) as pool:
-            results = list(pool.map(lambda groups: service.client().diversity(groups), small))
+            answers = [pool.submit(lambda groups=groups: service.client().diversity(groups)) for groups in small]
+            queued(256 + 10 * 6)
+            gate.set()
+            results = [answer.result() for answer in answers]
         big.join()
         assert all(len(r.groups[0].marginals) == 6 for r in results)
         assert metric(service, "setpo_batch_size_count") - forwards == 4 + 1  # the ten small requests: one forward

@@ -79,6 +79,30 @@ def test_a_header_over_the_limit_behind_a_pipelined_request_is_refused_after_tha
     assert refusal.startswith(b"HTTP/1.1 431") and b"SETPO_MAX_HEADER_BYTES" in refusal, answer[:200]
 
 
+def chunked_embeddings(trailers: bytes) -> bytes:
+    """A chunked /v1/embeddings request, its body whole, then `trailers` and the blank line that ends them."""
+    body = b'{"input": ["a chunked request"]}'
+    head = (
+        f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    ).encode()
+    return head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n" + trailers + b"\r\n"
+
+
+def test_trailers_count_with_the_headers_and_a_flood_of_them_is_cut_off(server):
+    """Trailer lines after a chunked body: uvicorn kept every one (about 14x its bytes) for as long as a caller sent
+    them, past SETPO_MAX_HEADER_BYTES and with no key needed. A few are dropped unread and the request answered; more
+    than the header limit cuts the connection before any answer."""
+    sock = connect(server)
+    sock.sendall(chunked_embeddings(b"X-Checksum: 1\r\n"))
+    assert read_answer(sock).startswith(b"HTTP/1.1 200")
+    sock = connect(server)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # cut off while we still send: the limit at work
+        sock.sendall(chunked_embeddings(b"X-T: 1\r\n" * 5000))  # 40 000 bytes of trailers, over the 32 KiB default
+    assert read_answer(sock) == b""
+    assert health_seconds(server) < 5
+
+
 def stream_one_header(server: LocalServer, seconds: float, sent: list[int]) -> None:
     """A caller streaming one endless header for `seconds` (288 MB in 12 s was the issue's probe)."""
     sock = connect(server)
@@ -203,6 +227,25 @@ def test_answers_nobody_reads_are_dropped_at_the_write_deadline_and_memory_retur
     # or three are held at once
     assert peak - baseline > 32, "the probe did not make the server hold its answers"
     assert after - baseline < HELD_AFTER_MB, f"resident memory still {after - baseline:.0f} MB above its start"
+
+
+def test_answers_their_callers_leave_unread_count_as_requests_in_progress_until_they_go():
+    """One caller asking again and again, never reading, used to pin an answer per request (1 GB in 12 s): a request's
+    place was freed when its handler returned, its answer still held. Now an answer the socket stopped taking holds
+    its place until it is sent or dropped, and the caller's going gives the place back."""
+    with LocalServer(api_key=KEY, max_concurrent_requests=2, write_timeout=60) as server:
+        readers = [ask_and_never_read(server) for _ in range(2)]
+        try:
+            server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 2, timeout=60)
+            refused = httpx.post(server.url + "/v1/embeddings", json={"input": ["one more"]}, headers=AUTH, timeout=30)
+            assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
+            assert "2 answers not yet taken" in refused.json()["error"]["message"]
+        finally:
+            for sock in readers:
+                sock.close()
+        server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 0, timeout=30)
+        answered = httpx.post(server.url + "/v1/embeddings", json={"input": ["one more"]}, headers=AUTH, timeout=30)
+        assert answered.status_code == 200, answered.text
 
 
 def test_an_answer_over_max_response_bytes_is_refused_before_the_work():

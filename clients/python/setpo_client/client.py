@@ -112,9 +112,12 @@ def replica_urls(spelled: str) -> list[str]:
 def strictest(infos: list[Info]) -> Info:
     """One Info for several replicas: each limit the smallest any of them states, the lowest contract; refused when
     they serve different models (a step's chunks would be scored in different spaces)."""
-    served = {(info.model, info.dimension) for info in infos}
-    if len(served) > 1:
-        raise SetpoError(f"the replicas serve different models: {sorted(served)}; point the client at one deployment")
+    served = {(info.model, info.dimension, info.shape, info.truncation_side) for info in infos}
+    if len(served) > 1:  # the shape and the truncation side change the scores as the model does
+        raise SetpoError(
+            "the replicas serve different models or scoring settings (model, dimension, shape, truncation side): "
+            f"{sorted(served)}; point the client at one deployment"
+        )
     limits = {}
     for name in Limits.model_fields:
         values = [getattr(info.limits, name) for info in infos if getattr(info.limits, name) is not None]
@@ -195,8 +198,9 @@ def diversity_payload(
 
 def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
     """Why an answer cannot be applied to the groups sent, or None: every group answered, each member of it in
-    `marginals` (and in `bonus`, which a v1.1 request must get), and every number finite (a NaN bonus would reach a
-    trainer's loss, a NaN marginal or set score its metrics)."""
+    every per-member list (and in `bonus`, which a v1.1 request must get, with each group's `scored`, 0 to its size,
+    and the weight sent), and every number finite, squares too (a NaN bonus would reach a trainer's loss, a NaN
+    marginal or set score its metrics; a finite 1e308 overflows the step's means)."""
     sizes = [max(len(field) for field in group.values()) for group in payload["groups"]]
     v11 = any(name in payload for name in ("min_reward", "kernel", "normalize")) or any(
         "keys" in group for group in payload["groups"]
@@ -204,6 +208,11 @@ def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
     answers = [(len(group.marginals), None if group.bonus is None else len(group.bonus)) for group in result.groups]
     if [m for m, _ in answers] != sizes or (v11 and [b for _, b in answers] != sizes):
         return f"sent {len(sizes)} groups of sizes {sizes}, got (marginals, bonus) lengths {answers}"
+    for size, group in zip(sizes, result.groups):
+        if len(group.local_mass) != size or (group.advantages is not None and len(group.advantages) != size):
+            return f"a group of {size} members got local_mass or advantages of another length"
+        if v11 and not (group.scored is not None and 0 <= group.scored <= size):
+            return f"a group of {size} members answered as {group.scored} scored"
     numbers = {"weight": [result.weight or 0.0]}
     for name in ("bonus", "marginals", "local_mass", "advantages", "set_score", "saturation"):
         values = [getattr(group, name) for group in result.groups]
@@ -211,6 +220,10 @@ def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
     for name, values in numbers.items():
         if not all(math.isfinite(x) for x in values):
             return f"not a finite number in the answer's {name} ({next(x for x in values if not math.isfinite(x))})"
+        if not math.isfinite(sum(x * x for x in values)):
+            return f"numbers too large to sum in the answer's {name} (up to {max(map(abs, values))})"
+    if v11 and "weight" in payload and result.weight != payload["weight"]:
+        return f"sent weight {payload['weight']}, the answer says {result.weight}"
     return None
 
 

@@ -35,7 +35,8 @@ The degrade policy, for every integration:
 - a chunk that fails at one replica (unreachable, an error answer, an answer off the contract) is asked of
   another before the step falls back (setpo/chunk_retries); the step keeps one deadline for all of it;
 - on_error="skip": ANY failure (unreachable, 5xx, 4xx such as a 401 after the key was rotated, an answer off
-  the contract: a group missing, a NaN or Infinity in any number read (client.answer_problem); a key function
+  the contract: a group missing, a NaN or Infinity or an overflowing square in any number read, a weight not
+  the one sent (client.answer_problem); a key function
   that raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
   and logged at error level with the service's message; on_error="fail": it stops training with that message.
 """

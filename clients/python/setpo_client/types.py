@@ -9,7 +9,7 @@ import base64
 import struct
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 # Fields a newer server reports and an older one lacks: optional here, so this client works with both (the
 # schema drift test holds them to the server's types).
@@ -161,7 +161,9 @@ class Info(_Response):
     default_weight: float
     limits: Limits
     threads: int | None = None  # newer servers only
-    contract: str | None = None  # newer servers only: the HTTP contract version ("1.1"); None from a v1 server
+    # newer servers only: the HTTP contract version ("1.1"); None from a v1 server. Numbers only: a replica saying
+    # "1.1-rc1" is off the contract, left out like one whose /info cannot be read, not a crash when versions compare.
+    contract: str | None = Field(None, pattern=r"^\d+(\.\d+)+$")
     truncate_chars: int | None = None  # newer servers only: characters of each text the server keeps
     dtype_reason: str | None = None  # newer servers only: why this dtype (SETPO_DTYPE as set, or auto's measurement)
 

@@ -47,12 +47,16 @@ async def ready_batcher(request: Request) -> Batcher:
 
 
 async def limit_in_progress(request: Request) -> AsyncIterator[None]:
-    """At most SETPO_MAX_CONCURRENT_REQUESTS data requests at once; the next gets 503 before its body is read."""
+    """At most SETPO_MAX_CONCURRENT_REQUESTS data requests at once, an answer its caller has not taken yet counted
+    as one; the next gets 503 before its body is read."""
     state = service(request)
     limit = state.settings.max_concurrent_requests
-    if state.in_progress >= limit:
+    if state.in_progress + state.unsent_answers >= limit:
         retry = state.batcher.retry_after() if state.batcher is not None else LOADING_RETRY_AFTER
-        message = f"server is busy ({state.in_progress} requests in progress, SETPO_MAX_CONCURRENT_REQUESTS={limit}); retry after {retry} s"
+        message = (
+            f"server is busy ({state.in_progress} requests in progress, {state.unsent_answers} answers not yet taken "
+            f"by their callers, SETPO_MAX_CONCURRENT_REQUESTS={limit}); retry after {retry} s"
+        )
         raise ApiError(503, message, "overloaded", retry_after=retry, unread_body=True)
     state.in_progress += 1
     metrics.REQUESTS_IN_PROGRESS.set(state.in_progress)

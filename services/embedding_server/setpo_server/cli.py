@@ -56,6 +56,7 @@ def main() -> None:
     BoundedProtocol.max_header_bytes = settings.max_header_bytes
     BoundedProtocol.write_timeout = settings.write_timeout
     BoundedProtocol.max_connections = max_connections(settings.max_connections)
+    BoundedProtocol.service = state
     config = uvicorn.Config(
         app,
         host=settings.host,

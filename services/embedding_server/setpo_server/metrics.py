@@ -19,6 +19,10 @@ LATENCY = Histogram(
 QUEUE_TEXTS = Gauge("setpo_queue_texts", "Texts admitted and not yet embedded")
 QUEUE_TOKENS = Gauge("setpo_queue_tokens", "Tokens admitted and not yet embedded")
 REQUESTS_IN_PROGRESS = Gauge("setpo_requests_in_progress", "Data requests (/v1/*) being served")
+ANSWERS_UNSENT = Gauge(
+    "setpo_answers_unsent",
+    "Answers whose socket stopped taking them, held until sent or SETPO_WRITE_TIMEOUT; counted as in progress",
+)
 BATCH_SIZE = Histogram(
     "setpo_batch_size", "Texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 )
@@ -42,7 +46,8 @@ CONNECTIONS_TIMED_OUT = Counter(
     "setpo_connections_timed_out_total", "Connections closed with 408: request headers not in by SETPO_HEADER_TIMEOUT"
 )
 HEADERS_TOO_LARGE = Counter(
-    "setpo_headers_too_large_total", "Connections closed with 431: request headers over SETPO_MAX_HEADER_BYTES"
+    "setpo_headers_too_large_total",
+    "Connections closed for request headers over SETPO_MAX_HEADER_BYTES: with 431, or cut off by a trailer flood",
 )
 CONNECTIONS_OPEN = Gauge("setpo_connections_open", "Client connections open")
 CONNECTIONS_RECLAIMED = Counter(

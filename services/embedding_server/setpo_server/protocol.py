@@ -23,6 +23,7 @@ import struct
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -30,6 +31,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from setpo_server import metrics
 from setpo_server.runtime import MALLOC_TRIM
 from setpo_server.schemas import ErrorDetail, ErrorResponse
+
+if TYPE_CHECKING:
+    from setpo_server.state import ServiceState
 
 
 class BoundedProtocol(HttpToolsProtocol):
@@ -47,6 +51,7 @@ class BoundedProtocol(HttpToolsProtocol):
     idle_since: float = 0.0  # monotonic time it last became idle (between requests, or opened)
     lingering: bool = False  # refused: what the caller sends from now on is dropped
     refusal: Callable[[], None] | None = None  # a refusal held until the answers to the requests before it are sent
+    service: "ServiceState | None" = None  # setpo-server sets it: answers not taken count as requests in progress
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
@@ -103,6 +108,17 @@ class BoundedProtocol(HttpToolsProtocol):
         self.in_request, self.in_headers, self.header_bytes = True, True, 0
         self.start_header_clock()
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.in_headers:
+            super().on_header(name, value)
+            return
+        # A trailer, after a chunked body: uvicorn would keep every one, ~14x its bytes, for as long as the caller
+        # sends them. The service reads none: each is counted with the headers and dropped, and a flood cut off.
+        self.header_bytes += len(name) + len(value) + 4
+        if self.header_bytes > self.max_header_bytes and not self.transport.is_closing():
+            metrics.HEADERS_TOO_LARGE.inc()
+            self.transport.close()
+
     def on_headers_complete(self) -> None:
         self.stop_header_clock()
         self.in_headers = False
@@ -121,9 +137,12 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_header_clock()
-        if self.write_deadline is not None:
+        if self.write_deadline is not None:  # the caller went with its answer unsent: its pages go back to the OS
             self.write_deadline.cancel()
             self.write_deadline = None
+            self.count_unsent(-1)
+            if MALLOC_TRIM is not None:
+                MALLOC_TRIM(0)
         super().connection_lost(exc)
         metrics.CONNECTIONS_OPEN.set(len(self.connections))
 
@@ -132,15 +151,25 @@ class BoundedProtocol(HttpToolsProtocol):
         super().pause_writing()
         if self.write_deadline is None:
             self.write_deadline = self.loop.call_later(self.write_timeout, self.answer_not_taken)
+            self.count_unsent(1)
 
     def resume_writing(self) -> None:
         super().resume_writing()
         if self.write_deadline is not None:
             self.write_deadline.cancel()
             self.write_deadline = None
+            self.count_unsent(-1)
+
+    def count_unsent(self, change: int) -> None:
+        """An answer the socket stopped taking holds its memory until sent or dropped: admission counts it as a
+        request in progress, so that SETPO_MAX_CONCURRENT_REQUESTS bounds what unread answers can pin."""
+        if self.service is not None:
+            self.service.unsent_answers += change
+            metrics.ANSWERS_UNSENT.set(self.service.unsent_answers)
 
     def answer_not_taken(self) -> None:
         self.write_deadline = None
+        self.count_unsent(-1)
         metrics.CONNECTIONS_WRITE_TIMED_OUT.inc()
         sock = self.transport.get_extra_info("socket")
         if sock is not None:  # a reset, not a close: the kernel would otherwise keep the unsent rest for minutes

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     max_queue_tokens: int = Field(4_194_304, ge=1)
     """Tokens admitted and not yet embedded; beyond this a request gets 429 with Retry-After (an empty queue admits any legal request)."""
     max_concurrent_requests: int = Field(32, ge=1)
-    """Data requests (/v1/*) in progress at once; beyond this 503 with Retry-After, before the body is read."""
+    """Data requests (/v1/*) in progress at once, an answer its caller has not taken yet counted as one; beyond this 503 with Retry-After, before the body is read."""
     forward_timeout: float = Field(120.0, gt=0)
     """Seconds one forward pass may run before the device is taken to be stuck: waiting requests get 503, /ready turns 503 and the process exits 1 (to be restarted)."""
     receive_timeout: float = Field(30.0, gt=0)

@@ -29,6 +29,9 @@ class ServiceState:
     load_error: str | None = None  # why the model did not load
     fatal: str | None = None  # why the service stopped itself (app.stop_process); `setpo-server` then exits 1
     in_progress: int = 0  # data requests being served (admission.limit_in_progress)
+    # answers whose socket stopped taking them, held until sent or dropped at SETPO_WRITE_TIMEOUT (protocol.py):
+    # admission counts them as in progress, or one caller leaving answers unread could pin memory without bound
+    unsent_answers: int = 0
 
 
 def service(request: Request) -> ServiceState:
