@@ -67,14 +67,16 @@ def test_requests_queued_behind_a_running_batch_share_one_forward_and_dedup():
                 time.sleep(0.02)
 
         big = threading.Thread(target=lambda: service.client().embeddings(long_texts))
-        big.start()
-        queued(256)  # the big job's first two batches are handed to the forward thread; everything below queues behind
         shared = ["the same first answer", "the same second answer", "the same third answer"]
         small = [[{"texts": shared + [f"own answer {i}.{j}" for j in range(3)]}] for i in range(10)]
         with ThreadPoolExecutor(10) as pool:
-            answers = [pool.submit(lambda groups=groups: service.client().diversity(groups)) for groups in small]
-            queued(256 + 10 * 6)
-            gate.set()
+            try:  # a failure here must not leave the forward thread, and so the service's close, waiting
+                big.start()
+                queued(256)  # the big job's first two batches are handed to the forward thread; the rest queue behind
+                answers = [pool.submit(lambda groups=groups: service.client().diversity(groups)) for groups in small]
+                queued(256 + 10 * 6)
+            finally:
+                gate.set()
             results = [answer.result() for answer in answers]
         big.join()
         assert all(len(r.groups[0].marginals) == 6 for r in results)
