@@ -15,7 +15,7 @@ import pytest
 from setpo_server.local import LocalServer
 from tests.inprocess import InProcessService
 from tests.metrics import metric
-from tests.raw_http import embeddings_request
+from tests.raw_http import chunked_embeddings_request, embeddings_request
 from tests.reliability.hostile import HELD_AFTER_MB, resident_mb, resident_mb_once_back
 
 KEY = "round-two-key-77c1"
@@ -79,26 +79,19 @@ def test_a_header_over_the_limit_behind_a_pipelined_request_is_refused_after_tha
     assert refusal.startswith(b"HTTP/1.1 431") and b"SETPO_MAX_HEADER_BYTES" in refusal, answer[:200]
 
 
-def chunked_embeddings(trailers: bytes) -> bytes:
-    """A chunked /v1/embeddings request, its body whole, then `trailers` and the blank line that ends them."""
-    body = b'{"input": ["a chunked request"]}'
-    head = (
-        f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
-        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-    ).encode()
-    return head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n" + trailers + b"\r\n"
-
-
 def test_trailers_count_with_the_headers_and_a_flood_of_them_is_cut_off(server):
     """Trailer lines after a chunked body: uvicorn kept every one (about 14x its bytes) for as long as a caller sent
     them, past SETPO_MAX_HEADER_BYTES and with no key needed. A few are dropped unread and the request answered; more
     than the header limit cuts the connection before any answer."""
+    body = b'{"input": ["a chunked request"]}'
     sock = connect(server)
-    sock.sendall(chunked_embeddings(b"X-Checksum: 1\r\n"))
+    sock.sendall(chunked_embeddings_request(KEY, body, b"X-Checksum: 1\r\n"))
     assert read_answer(sock).startswith(b"HTTP/1.1 200")
     sock = connect(server)
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # cut off while we still send: the limit at work
-        sock.sendall(chunked_embeddings(b"X-T: 1\r\n" * 5000))  # 40 000 bytes of trailers, over the 32 KiB default
+        sock.sendall(
+            chunked_embeddings_request(KEY, body, b"X-T: 1\r\n" * 5000)
+        )  # 40 000 bytes of trailers, over the 32 KiB default
     assert read_answer(sock) == b""
     assert health_seconds(server) < 5
 

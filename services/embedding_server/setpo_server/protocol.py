@@ -137,7 +137,9 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_header_clock()
-        if self.write_deadline is not None:  # the caller went with its answer unsent: its pages go back to the OS
+        # An answer still unsent (its caller went, or answer_not_taken dropped it): its place is given back and its
+        # pages go back to the OS, not to a heap that keeps them.
+        if self.write_deadline is not None:
             self.write_deadline.cancel()
             self.write_deadline = None
             self.count_unsent(-1)
@@ -168,15 +170,12 @@ class BoundedProtocol(HttpToolsProtocol):
             metrics.ANSWERS_UNSENT.set(self.service.unsent_answers)
 
     def answer_not_taken(self) -> None:
-        self.write_deadline = None
-        self.count_unsent(-1)
+        """SETPO_WRITE_TIMEOUT ran out: the answer is dropped with its connection (connection_lost frees the rest)."""
         metrics.CONNECTIONS_WRITE_TIMED_OUT.inc()
         sock = self.transport.get_extra_info("socket")
         if sock is not None:  # a reset, not a close: the kernel would otherwise keep the unsent rest for minutes
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()  # drops the unsent answer now (close() would keep it until sent)
-        if MALLOC_TRIM is not None:
-            MALLOC_TRIM(0)  # the answer's pages go back to the OS, not to a heap that keeps them
 
     def start_header_clock(self) -> None:
         if self.header_deadline is None:  # the connection's own clock still runs when its first byte arrives
