@@ -311,11 +311,42 @@ def short_local_mass(body):
     return answer
 
 
-@pytest.mark.parametrize("answer", [huge_numbers, other_weight, scored_beyond_the_group, short_local_mass])
+def numbers_as_strings(body):
+    answer = good_answer(body)
+    for group in answer["groups"]:
+        group["marginals"] = [str(x) for x in group["marginals"]]
+    return answer
+
+
+def bonus_as_booleans(body):
+    answer = good_answer(body)
+    for group in answer["groups"]:
+        group["bonus"] = [True] * len(group["bonus"])
+    return answer
+
+
+def other_model(body):
+    return {**good_answer(body), "model": "another-model"}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        huge_numbers,
+        other_weight,
+        scored_beyond_the_group,
+        short_local_mass,
+        numbers_as_strings,
+        bonus_as_booleans,
+        other_model,
+    ],
+)
 def test_answers_that_do_not_fit_what_was_sent_cost_their_chunk_one_retry_elsewhere(replicas, serial, fake, answer):
     """Off the contract though every number is finite: numbers whose squares overflow (they would overflow the step's
     means), a weight other than the one sent, a group answered as having more members scored than it has, a
-    per-member list of another length. Each is that replica's fault: its chunk is asked of the other."""
+    per-member list of another length, numbers spelled as strings or booleans (JSON's own types are the contract's),
+    an answer scored by a model other than the one the step learned from /info (the replica's /info says that model:
+    what it answers is what counts). Each is that replica's fault: its chunk is asked of the other."""
     liar, _ = fake(answer)
     with SetpoClient(f"{replicas[0].url},{liar}") as client:
         step = SetpoShaper(client, on_error="skip", **POLICY).score(GROUPS, rewards=REWARDS)
@@ -382,3 +413,33 @@ def test_a_replica_whose_contract_is_not_a_version_number_is_left_out_and_alone_
         assert SetpoShaper(client, weight=0.3).check().contract == "1.1"
     with SetpoClient(odd) as client, pytest.raises(SetpoError, match="contract"):
         SetpoShaper(client, weight=0.3).check()
+
+
+def test_a_replica_taken_back_is_asked_its_info_before_a_step_sends_it_chunks(replicas, fake, caplog):
+    """A replica left out may come back redeployed. The next step asks /info again, so one back with tighter limits
+    has its chunks cut to them (the fake answers chunks over its max_groups off the contract, as a real one would
+    refuse them: no chunk retried), and one back serving another model makes the step refuse the mix, said, rather
+    than score its chunks in two spaces."""
+    a = replicas[0]
+    limits = {**httpx.get(a.url + "/info").json()["limits"], "max_groups": 2}
+
+    def within_its_limits(body):
+        return good_answer(body) if len(body["groups"]) <= 2 else nan_bonus(body)
+
+    tighter, tighter_handler = fake(within_its_limits, ready=503, limits=limits)
+    other, other_handler = fake(other_model, ready=503, model="another-model")
+    for late, handler, changed in ((tighter, tighter_handler, "limits"), (other, other_handler, "model")):
+        with SetpoClient(f"{a.url},{late}") as client:
+            shaper = SetpoShaper(client, **POLICY)
+            assert shaper.check().limits.max_groups > 2 and late in client.left_out  # /info of `a` alone
+            before = shaper.score(GROUPS[:8], rewards=REWARDS[:8])
+            assert before.metrics["setpo/requests"] == 2 and before.metrics["setpo/fallback_steps"] == 0
+            handler.ready[0] = 200
+            assert client.ready() and late not in client.left_out  # taken back
+            after = shaper.score(GROUPS[:8], rewards=REWARDS[:8])
+        if changed == "limits":
+            assert after.metrics["setpo/fallback_steps"] == 0 and after.metrics["setpo/chunk_retries"] == 0
+            assert after.metrics["setpo/requests"] == 4  # 8 groups, 2 a request
+        else:
+            assert after.metrics["setpo/fallback_steps"] == 1 and after.marginals is None
+            assert any("different models" in record.getMessage() for record in caplog.records)

@@ -13,6 +13,7 @@ import pytest
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.shaping import SetpoShaper
+from setpo_server.backend import EMBEDDED_MODEL_NAME
 
 GROUPS = [["a", "b", "c"], ["d", "e", "f"]]
 
@@ -60,7 +61,7 @@ def good_answer(body) -> dict:
         for g in body["groups"]
     ]
     return {
-        "model": "m",
+        "model": EMBEDDED_MODEL_NAME,  # what the fakes' /info (the real service's) says it serves
         "groups": groups,
         "usage": {"texts": 0, "unique_texts": 0, "tokens": 0, "truncated": 0},
         "weight": body.get("weight"),

@@ -124,6 +124,22 @@ def test_a_step_is_split_within_the_answer_size_the_service_takes():
     assert all(m is not None and len(m) == 8 for m in step.marginals)
 
 
+@pytest.mark.parametrize("queue", [{"max_queue_texts": 30}, {"max_queue_tokens": 400}], ids=["texts", "tokens"])
+def test_a_step_is_split_within_the_queue_the_service_takes(queue):
+    """SETPO_MAX_QUEUE_TEXTS and SETPO_MAX_QUEUE_TOKENS (in /info) bound what one request may queue: 48 texts of
+    about 12 tokens, one request by every other limit, which the service would refuse whole, go in as many requests
+    as the queue needs (tokens bounded from above, by UTF-8 bytes), none refused; and a group of more texts than the
+    queue takes goes unscored, as one over max_group_size does."""
+    groups = [[f"prompt {p}: answer {k} is {p * k + 1}" for k in range(6)] for p in range(8)]
+    with InProcessService(**queue) as service, service.client(max_retries=0) as client:
+        shaper = SetpoShaper(client, weight=0.3, in_flight=1, on_error="fail")
+        step = shaper.score(groups)
+        assert step.metrics["setpo/requests"] >= 2 and step.metrics["setpo/unscored_groups"] == 0
+        assert all(m is not None and len(m) == 6 for m in step.marginals)
+        if "max_queue_texts" in queue:
+            assert shaper.score([[f"answer {k}" for k in range(31)], groups[0]]).metrics["setpo/unscored_groups"] == 1
+
+
 def test_a_group_over_the_services_size_gets_zero_and_is_counted_and_said_with_both_numbers(tight_service, caplog):
     """A group can outgrow what start() checked (veRL's multi-output agent loops under rloo: rollout.n x outputs
     rows, known only at run time): it goes unscored, and the log says how big it was and what the service takes."""
@@ -165,18 +181,51 @@ def test_a_rotated_key_trains_on_with_zero_under_skip_logged_with_the_services_m
         SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
 
 
-def test_a_request_the_service_refuses_falls_back_under_skip(inprocess, caplog):
-    # a text the server cannot take although it fits the limits it announced (e.g. limits lowered since /info)
-    shaper = SetpoShaper(inprocess, weight=0.1, on_error="skip")
-    served = shaper.check().limits.max_group_size
-    shaper.info = shaper.info.model_copy(
-        update={"limits": shaper.info.limits.model_copy(update={"max_group_size": 10_000})}
-    )
+def test_a_request_the_service_refuses_as_a_whole_falls_back_under_skip(tight_service, caplog):
+    # limits lowered since /info: the service refuses the request itself (param "groups"), naming no group at fault
+    shaper = SetpoShaper(tight_service.client(api_key=KEY, max_retries=0), weight=0.1, on_error="skip", in_flight=1)
+    shaper.check()
+    shaper.info = shaper.info.model_copy(update={"limits": shaper.info.limits.model_copy(update={"max_groups": 10})})
     with caplog.at_level("ERROR", logger="setpo_client"):
-        step = shaper.score([[f"t{j}" for j in range(served + 1)]] + GROUPS)
+        step = shaper.score(GROUPS * 2)
     assert step.metrics["setpo/fallback_steps"] == 1 and all(b == 0 for g in step.bonus for b in g)
-    assert any("SETPO_MAX_GROUP_SIZE" in r.getMessage() for r in caplog.records)
+    assert any("SETPO_MAX_GROUPS" in r.getMessage() for r in caplog.records)
     assert shaper.info is None  # asked again at the next step
+
+
+WIDE = 16385  # one more dimension than the service takes (setpo_server.schemas.MAX_EMBEDDING_DIM)
+
+
+@pytest.mark.parametrize(
+    "bad,rewards,said",
+    [
+        ([f"t{j}" for j in range(300)], [0.0] * 300, "SETPO_MAX_GROUP_SIZE"),  # limits lowered since /info
+        (["x", "y", "z"], [1.7e308, 1.7e308, -1.7e308], "overflow"),  # finite rewards whose advantages overflow
+        ([[0.5] * WIDE] * 3, [0.0] * 3, "16384"),  # vectors wider than any embedder's
+    ],
+    ids=["group-size", "reward-overflow", "wide-vectors"],
+)
+def test_a_group_the_service_refuses_by_name_costs_its_own_bonus_and_the_rest_is_shaped(
+    inprocess, caplog, bad, rewards, said
+):
+    """A 422 whose param names one group (groups[b]...) is that group's fault, not the step's nor the replica's: it
+    gets bonus 0, counted and said with the service's message, and its chunk is sent again without it."""
+    groups = [[f"{p} apples make {p * k}" for k in range(4)] for p in range(3)]
+    shaper = SetpoShaper(inprocess, weight=0.1, on_error="fail", in_flight=1)
+    shaper.check()
+    if said == "SETPO_MAX_GROUP_SIZE":
+        limits = shaper.info.limits.model_copy(update={"max_group_size": 10_000, "max_request_rows": 10_000})
+        shaper.info = shaper.info.model_copy(update={"limits": limits})
+    step = shaper.score([*groups[:2], bad, groups[2]], rewards=[[1.0, 0.0, 1.0, 0.0]] * 2 + [rewards, [0.0] * 4])
+    reference = SetpoShaper(inprocess, weight=0.1, on_error="fail").score(
+        groups, rewards=[[1.0, 0.0, 1.0, 0.0]] * 2 + [[0.0] * 4]
+    )
+    assert step.metrics["setpo/fallback_steps"] == 0 and step.metrics["setpo/bad_groups"] == 1
+    assert step.bonus[2] == [0.0] * len(bad) and step.marginals[2] is None
+    for got, want in zip([*step.bonus[:2], step.bonus[3]], reference.bonus, strict=True):
+        assert got == pytest.approx(want, abs=1e-6)
+    assert step.metrics["setpo/requests"] == 1  # the answered request; the refused one is said in the log
+    assert any(said in r.getMessage() and "group 2" in r.getMessage() for r in caplog.records)
 
 
 class FailingService(BaseHTTPRequestHandler):

@@ -127,7 +127,7 @@ def strictest(infos: list[Info]) -> Info:
     chars = [info.truncate_chars for info in infos if info.truncate_chars is not None]
     return lowest.model_copy(
         update={
-            "limits": Limits(**limits),
+            "limits": Limits.model_validate(limits),
             "max_tokens": min(info.max_tokens for info in infos),
             "truncate_chars": min(chars) if chars else None,
         }
@@ -196,11 +196,12 @@ def diversity_payload(
     return payload
 
 
-def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
+def answer_problem(result: DiversityResponse, payload: dict, model: str | None = None) -> str | None:
     """Why an answer cannot be applied to the groups sent, or None: every group answered, each member of it in
     every per-member list (and in `bonus`, which a v1.1 request must get, with each group's `scored`, 0 to its size,
-    and the weight sent), and every number finite, squares too (a NaN bonus would reach a trainer's loss, a NaN
-    marginal or set score its metrics; a finite 1e308 overflows the step's means)."""
+    and the weight sent), every number finite, squares too (a NaN bonus would reach a trainer's loss, a NaN
+    marginal or set score its metrics; a finite 1e308 overflows the step's means), and scored by `model` when given
+    (a replica that came back serving another model must not mix its space into a step)."""
     sizes = [max(len(field) for field in group.values()) for group in payload["groups"]]
     v11 = any(name in payload for name in ("min_reward", "kernel", "normalize")) or any(
         "keys" in group for group in payload["groups"]
@@ -224,6 +225,8 @@ def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
             return f"numbers too large to sum in the answer's {name} (up to {max(map(abs, values))})"
     if v11 and "weight" in payload and result.weight != payload["weight"]:
         return f"sent weight {payload['weight']}, the answer says {result.weight}"
+    if model is not None and result.model != model:
+        return f"scored by model {result.model!r}, not {model!r} (the model /info named)"
     return None
 
 
@@ -264,6 +267,9 @@ class _ClientConfig:
         self.in_flight = dict.fromkeys(self.urls, 0)
         self.sent = dict.fromkeys(self.urls, 0)
         self.left_out: dict[str, float] = {}  # replica -> when its /ready is next asked
+        # replicas taken back or newly resolved so far: each may serve another model or tighter limits than the /info
+        # a caller learned, which SetpoShaper asks again when this has changed
+        self.replica_changes = 0
         if self.resolve_due():
             self.resolve()
 
@@ -302,6 +308,8 @@ class _ClientConfig:
         with self.lock:
             if urls != self.urls:
                 log.info("setpo replicas now %s (were %s)", urls, self.urls)
+            if set(urls) - set(self.urls):
+                self.replica_changes += 1
             self.route.update(route)
             for url in urls:
                 self.in_flight.setdefault(url, 0)
@@ -356,6 +364,7 @@ class _ClientConfig:
         if status == 200:
             with self.lock:
                 was_out = self.left_out.pop(url, None) is not None
+                self.replica_changes += was_out
             if was_out:
                 log.warning("setpo replica %s answers /ready again: taken back", url)
             return True
@@ -461,11 +470,11 @@ def at_fault(error: SetpoError, replica: str) -> SetpoError:
     return error
 
 
-def checked(response: httpx.Response, payload: dict, replica: str) -> DiversityResponse:
+def checked(response: httpx.Response, payload: dict, replica: str, model: str | None) -> DiversityResponse:
     """The diversity answer, parsed and checked against what was sent; a failure names the replica that gave it."""
     try:
         result = parsed(DiversityResponse, response)
-        problem = answer_problem(result, payload)
+        problem = answer_problem(result, payload, model)
         if problem is not None:  # never zip an answer that does not fit what was sent onto it, nor train on NaN
             raise SetpoAPIError(response.status_code, f"answer off the contract: {problem}")
     except SetpoError as exc:
@@ -578,15 +587,16 @@ class SetpoClient(_ClientConfig):
         normalize: Normalize | None = None,
         deadline: float | None = None,
         avoid: Collection[str] = (),
+        expect_model: str | None = None,
     ) -> DiversityResponse:
         """Marginals, local masses, set scores (and shaped advantages for groups with rewards). Contract v1.1:
         `min_reward` scores only members with reward >= it, `kernel` 'embedding' | 'hybrid' | 'key' (groups give
         `keys`), `normalize` 'none' | 'zscore'; the answer then also has each group's `scored` and `bonus`.
-        An answer that does not fit the groups sent (a group or member missing, a number not finite) is a
-        SetpoAPIError. `avoid`: replicas not to ask unless no other is left."""
+        An answer that does not fit the groups sent (a group or member missing, a number not finite, another model
+        than `expect_model`) is a SetpoAPIError. `avoid`: replicas not to ask unless no other is left."""
         payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
         url, response = self._request("POST", "/v1/diversity", payload, deadline, avoid)
-        return checked(response, payload, url)
+        return checked(response, payload, url, expect_model)
 
     def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
@@ -744,10 +754,11 @@ class AsyncSetpoClient(_ClientConfig):
         normalize: Normalize | None = None,
         deadline: float | None = None,
         avoid: Collection[str] = (),
+        expect_model: str | None = None,
     ) -> DiversityResponse:
         payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
         url, response = await self._request("POST", "/v1/diversity", payload, deadline, avoid)
-        return checked(response, payload, url)
+        return checked(response, payload, url, expect_model)
 
     async def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None

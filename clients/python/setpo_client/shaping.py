@@ -25,18 +25,20 @@ The diversity policy (contract v1.1; docs/diversity.md says how to choose it for
 
 The degrade policy, for every integration:
 - a group with fewer than 3 scorable members, or more than the service takes (max_group_size,
-  max_request_rows, max_response_bytes), gets bonus 0 and is counted (setpo/unscored_groups); one with fewer than 3 members reaching
-  min_reward gets 0 without a request (setpo/small_scope_groups); the rest of the step is shaped;
+  max_request_rows, max_queue_texts, max_response_bytes), gets bonus 0 and is counted (setpo/unscored_groups); one with fewer than 3 members reaching
+  min_reward gets 0 without a request (setpo/small_scope_groups); one the service refuses by name (a 422 whose param
+  is groups[b]...) gets 0 and is counted (setpo/bad_groups), its chunk sent again without it; the rest is shaped;
 - texts are cut to the service's max_text_chars (and max_chars), by UTF-8 bytes where a group must fit the
   body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes /
-  max_response_bytes need,
+  max_response_bytes / max_queue_texts / max_queue_tokens need (the limits of /info, asked again after a failed
+  step and after the client took a replica back: it may have come back with others),
   and into at least `in_flight` chunks of about equal bytes (a proxy for tokens: texts are cut to what the service
   keeps), which are in flight at once over the client's replicas; answers are put back by group index;
 - a chunk that fails at one replica (unreachable, an error answer, an answer off the contract) is asked of
   another before the step falls back (setpo/chunk_retries); the step keeps one deadline for all of it;
 - on_error="skip": ANY failure (unreachable, 5xx, 4xx such as a 401 after the key was rotated, an answer off
   the contract: a group missing, a NaN or Infinity or an overflowing square in any number read, a weight not
-  the one sent (client.answer_problem); a key function
+  the one sent, another model than /info's (client.answer_problem); a key function
   that raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
   and logged at error level with the service's message; on_error="fail": it stops training with that message.
 """
@@ -53,9 +55,9 @@ from statistics import fmean, pstdev
 from typing import Literal
 
 from setpo_client.client import SetpoClient, json_body
-from setpo_client.errors import SetpoError
+from setpo_client.errors import SetpoAPIError, SetpoError
 from setpo_client.policy import check_form, check_span, check_steerable
-from setpo_client.types import DiversityResponse, GroupResult, Info, Kernel, Limits, Normalize
+from setpo_client.types import GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client")
@@ -68,6 +70,10 @@ IN_FLIGHT_PER_REPLICA = 1
 # The service's estimate of a /v1/diversity answer, refused over its max_response_bytes (setpo_server.routes): at
 # most 5 numbers of 24 bytes a member and 160 bytes a group. A step is packed within it like within max_body_bytes.
 ANSWER_BYTES_PER_ROW, ANSWER_BYTES_PER_GROUP = 5 * 24, 160
+# A text's tokens, bounded from above for max_queue_tokens without its tokenizer: at most max_tokens (the service
+# truncates), and at most one a UTF-8 byte (WordPiece, byte-level BPE and SentencePiece pieces each cover one or
+# more) plus this many the tokenizer adds (special tokens, SentencePiece's leading '▁').
+ADDED_TOKENS = 4
 
 
 @dataclass
@@ -141,6 +147,7 @@ class SetpoShaper:
         timeout = client.timeout if isinstance(client.timeout, int | float) else client.timeout.read
         self.step_timeout = step_timeout if step_timeout is not None else timeout
         self.info: Info | None = None  # learned at the first step (or check()); forgotten after a failure
+        self.info_changes = 0  # the client's replica_changes when self.info was asked (info_known)
         self.fallback_steps = 0
         self.unscored_groups = 0
         self.dropped_steps = 0  # submitted, never collected (submit)
@@ -175,7 +182,7 @@ class SetpoShaper:
         if group_size > largest:  # such a group would never be scored
             raise SetpoError(
                 f"groups of {group_size} responses; the service at {self.client.base_url} takes at most {largest}. "
-                f"Raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_RESPONSE_BYTES) on the service, or lower {spell('group_size')}."
+                f"Raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_QUEUE_TEXTS, SETPO_MAX_RESPONSE_BYTES) on the service, or lower {spell('group_size')}."
             )
         if (self.max_chars or 0) > limits.max_text_chars:
             raise SetpoError(
@@ -198,13 +205,20 @@ class SetpoShaper:
         return self.info
 
     def learn_info(self, deadline: float | None = None) -> Info:
+        changes = self.client.replica_changes  # read first: a replica taken back while /info is asked counts next time
         info = self.client.info(deadline=deadline)
         if info.contract is None or tuple(int(part) for part in info.contract.split(".")[:2]) < (1, 1):
             raise SetpoError(
                 f"the service speaks contract {info.contract or '1.0'} (setpo-server {info.version}); SetpoShaper "
                 "needs contract 1.1 (it reads the service's `bonus`): upgrade setpo-server"
             )
+        self.info_changes = changes
         return info
+
+    def info_known(self) -> bool:
+        """Whether the /info learned still stands: learned, and no replica taken back or newly resolved since (one may
+        serve another model, which strictest() refuses, or tighter limits, which the step's chunks must fit)."""
+        return self.info is not None and self.info_changes == self.client.replica_changes
 
     def score(
         self,
@@ -269,18 +283,19 @@ class SetpoShaper:
         began, counts = time.perf_counter(), step.counts
         try:
             deadline = self.deadline(step.started)
-            if self.info is None:
-                self.info = self.learn_info(deadline)
+            info = self.info
+            if info is None or not self.info_known():
+                info = self.info = self.learn_info(deadline)
             payloads = self.payloads(step.groups, step.scorable, step.rewards, keys, counts)  # 1. what can be scored
             envelope = {"groups": [], "weight": step.weight, "kernel": self.kernel, "normalize": self.normalize}
             if self.min_reward is not None:
                 envelope["min_reward"] = self.min_reward
             in_flight = self.in_flight or IN_FLIGHT_PER_REPLICA * len(self.client.urls)
-            in_flight = min(in_flight, (self.info.limits.max_concurrent_requests or in_flight) * len(self.client.urls))
+            in_flight = min(in_flight, (info.limits.max_concurrent_requests or in_flight) * len(self.client.urls))
             batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
-                payloads, self.info, envelope, self.max_chars, in_flight
+                payloads, info, envelope, self.max_chars, in_flight
             )
-            return self.send(batches, step.weight, counts, deadline, in_flight)  # 3. the service's answers
+            return self.send(batches, step.weight, counts, deadline, in_flight, info.model)  # 3. the service's answers
         finally:
             step.work_s = time.perf_counter() - began
 
@@ -388,30 +403,43 @@ class SetpoShaper:
         counts: dict[str, int],
         deadline: float | None,
         in_flight: int,
+        model: str,
     ) -> list[tuple[int, GroupResult]]:
         """The chunks, `in_flight` at a time, within the step's deadline; (group index, the service's answer) for
-        every group, in the chunks' order whatever order the answers came in. The threads end with the step: a
+        every group, in the chunks' order whatever order the answers came in; every answer scored by `model`. The threads end with the step: a
         failure cancels the chunks not yet sent and waits for those in flight (each bounded by the deadline)."""
 
         counting = threading.Lock()  # the chunks count as they go: a step that fails reports what it did too
 
-        def ask(batch: list[tuple[int, dict]]) -> DiversityResponse:
-            groups, avoid = [payload for _, payload in batch], list[str]()
-            while True:
+        def ask(batch: list[tuple[int, dict]]) -> list[tuple[int, GroupResult]]:
+            batch, avoid = list(batch), list[str]()
+            while batch:
                 try:
                     answer = self.client.diversity(
-                        groups,
+                        [payload for _, payload in batch],
                         weight=weight,
                         min_reward=self.min_reward,
                         kernel=self.kernel,
                         normalize=self.normalize,
                         deadline=deadline,
                         avoid=avoid,
+                        expect_model=model,
                     )
                     with counting:
                         counts["requests"] += 1
-                    return answer
-                except SetpoError as exc:  # another replica may answer it: ask it while the step has time
+                    return [(index, group) for (index, _), group in zip(batch, answer.groups)]
+                except SetpoError as exc:
+                    # a 422 naming one group (groups[b]...) is that group's own fault: it goes unshaped, the rest again
+                    named = None
+                    if isinstance(exc, SetpoAPIError) and exc.status == 422:
+                        named = re.match(r"groups\[(\d+)\]", exc.param or "")
+                    if named and int(named[1]) < len(batch):
+                        index, _ = batch.pop(int(named[1]))
+                        log.warning("SetPO: the service refused group %d of the step (%s); its bonus is 0", index, exc)
+                        with counting:
+                            counts["bad"] += 1
+                        continue
+                    # another replica may answer it: ask it while the step has time
                     others = [url for url in self.client.urls if url not in avoid and url != exc.replica]
                     if exc.replica is None or not others or (deadline is not None and time.monotonic() >= deadline):
                         raise
@@ -424,6 +452,7 @@ class SetpoShaper:
                     with counting:
                         counts["retries"] += 1
                     avoid.append(exc.replica)
+            return []  # every group of the chunk refused by name
 
         with ThreadPoolExecutor(min(in_flight, len(batches)) or 1, thread_name_prefix="setpo-chunk") as pool:
             futures = [pool.submit(ask, batch) for batch in batches]
@@ -432,10 +461,7 @@ class SetpoShaper:
             if failed:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise failed[0].exception()  # type: ignore[misc]
-            answers = [future.result() for future in futures]
-        return [
-            (index, group) for batch, result in zip(batches, answers) for (index, _), group in zip(batch, result.groups)
-        ]
+            return [pair for future in futures for pair in future.result()]
 
     def span_of(self, text: object, counts: dict[str, int]) -> object:
         """What of a text is embedded under embed_span: its last match's group (or the whole match); the text whole
@@ -539,7 +565,7 @@ def fit_step(
     if oversized:  # start() checked the configured group size; a group can still outgrow it (multi-output loops)
         log.warning(
             "SetPO: %d group(s) of %s members; the service takes at most %d: their bonus is 0. Raise "
-            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_RESPONSE_BYTES) on the service, or make the groups smaller",
+            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_QUEUE_TEXTS, SETPO_MAX_RESPONSE_BYTES) on the service, or make the groups smaller",
             len(oversized),
             ", ".join(map(str, sorted(set(oversized)))),
             max_rows,
@@ -549,9 +575,11 @@ def fit_step(
         if group is None:
             unscored += 1
             continue
-        fitted.append((index, *group))
+        texts = group[0].get("texts", [])
+        tokens = sum(min(info.max_tokens, len(text.encode("utf-8")) + ADDED_TOKENS) for text in texts)
+        fitted.append((index, *group, len(texts), tokens))
         if "texts" in payload:
-            cut += sum(len(a) < len(b) for a, b in zip(group[0]["texts"], payload["texts"]))
+            cut += sum(len(a) < len(b) for a, b in zip(texts, payload["texts"]))
     return pack(fitted, limits, envelope_size, chunks), unscored, cut
 
 
@@ -582,9 +610,9 @@ def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Seque
 
 
 def largest_group(limits: Limits) -> int:
-    """The most members a group may have for the service to score it: its group size, request rows and answer
-    size limits."""
-    rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
+    """The most members a group may have for the service to score it: its group size, request rows, queue texts and
+    answer size limits."""
+    rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size, limits.max_queue_texts)
     if limits.max_response_bytes:
         rows = min(rows, (limits.max_response_bytes - ANSWER_BYTES_PER_GROUP) // ANSWER_BYTES_PER_ROW)
     return rows
@@ -616,16 +644,17 @@ def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int)
 
 
 def pack(
-    fitted: list[tuple[int, dict, int, int]], limits: Limits, envelope_size: int, chunks: int = 1
+    fitted: list[tuple[int, dict, int, int, int, int]], limits: Limits, envelope_size: int, chunks: int = 1
 ) -> list[list[tuple[int, dict]]]:
-    """Fitted groups (index, payload, members, JSON bytes) into requests, in order: `chunks` parts of about equal
-    bytes (a group goes to the part its middle byte falls in; never split), each cut further into as few requests
-    as max_groups, max_request_rows, max_body_bytes and max_response_bytes (the answer's size) allow."""
-    total = max(1, sum(body_size for *_, body_size in fitted))
+    """Fitted groups (index, payload, members, JSON bytes, texts, tokens at most) into requests, in order: `chunks`
+    parts of about equal bytes (a group goes to the part its middle byte falls in; never split), each cut further
+    into as few requests as max_groups, max_request_rows, max_body_bytes, max_response_bytes (the answer's size),
+    max_queue_texts and max_queue_tokens (what one request may queue) allow."""
+    total = max(1, sum(body_size for _, _, _, body_size, _, _ in fitted))
     batches: list[list[tuple[int, dict]]] = []
     batch: list[tuple[int, dict]] = []
-    rows_in, bytes_in, done, batch_part = 0, envelope_size, 0, 0
-    for index, payload, row_count, body_size in fitted:
+    rows_in, bytes_in, texts_in, tokens_in, done, batch_part = 0, envelope_size, 0, 0, 0, 0
+    for index, payload, row_count, body_size, text_count, token_count in fitted:
         part = min(chunks - 1, (2 * done + body_size) * chunks // (2 * total))
         done += body_size
         comma = 1 if batch else 0
@@ -639,11 +668,14 @@ def pack(
                 and (rows_in + row_count) * ANSWER_BYTES_PER_ROW + (len(batch) + 1) * ANSWER_BYTES_PER_GROUP
                 > limits.max_response_bytes
             )
+            or texts_in + text_count > limits.max_queue_texts
+            or (limits.max_queue_tokens and tokens_in + token_count > limits.max_queue_tokens)
         ):
             batches.append(batch)
-            batch, rows_in, bytes_in, comma = [], 0, envelope_size, 0
+            batch, rows_in, bytes_in, texts_in, tokens_in, comma = [], 0, envelope_size, 0, 0, 0
         batch.append((index, payload))
         rows_in, bytes_in, batch_part = rows_in + row_count, bytes_in + comma + body_size, part
+        texts_in, tokens_in = texts_in + text_count, tokens_in + token_count
     if batch:
         batches.append(batch)
     return batches

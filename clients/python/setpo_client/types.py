@@ -2,7 +2,8 @@
 
 The server's pydantic models are the source of truth; tests/client/test_schema_drift.py checks that every
 model here has the same fields, types and required set as the server's /openapi.json. Responses ignore
-unknown fields, so a newer server that adds a field does not break an older client.
+unknown fields, so a newer server that adds a field does not break an older client, and are read strictly: a number is
+a JSON number, never a string or a boolean converted (a replica that answers so is off the contract).
 """
 
 import base64
@@ -36,7 +37,7 @@ class _Request(BaseModel):
 
 
 class _Response(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class Group(_Request):

@@ -562,14 +562,14 @@ def transfer_queue_sessions(batch, uids: list, estimator: str, shaper: SetpoShap
     """v1: each row's member of its group (row_sessions) and the groups fitted: a group of more outputs than the
     service takes (a loop's multi-output sessions under a per-output estimator) is fitted as veRL's GRPO takes it,
     one member a session (rollout.n of them: start() proved those fit). Limits not known (forgotten after a failed
-    step) are asked within what is left of the step's one budget, which began at `started` (time.perf_counter()):
+    step, or a replica taken back since) are asked within what is left of the step's one budget, which began at `started` (time.perf_counter()):
     the step's scoring then has the rest, so a service still down holds veRL one budget a step, not more."""
     from verl.trainer.ppo.core_algos import AdvantageEstimator
 
     tags = batch.tags or [{}] * len(batch.keys)
     sessions = row_sessions(batch.keys, tags, estimator)
     deadline = shaper.deadline(started)
-    if shaper.info is None and shaper.weight > 0 and (deadline is None or deadline > time.monotonic()):
+    if not shaper.info_known() and shaper.weight > 0 and (deadline is None or deadline > time.monotonic()):
         with contextlib.suppress(SetpoError):  # a failure here meets the step's scoring, under the fault policy
             shaper.info = shaper.learn_info(deadline)
     largest = largest_group(shaper.info.limits) if shaper.info is not None else None
