@@ -54,6 +54,17 @@ def test_health_ready_and_metrics_stay_open(guarded):
         assert guarded.get(path).status_code == 200
 
 
+def test_probes_answer_head_as_they_answer_get_without_a_body_or_a_key(guarded_server):
+    """Balancers and uptime checks may probe with HEAD, which TEI's routes answer: 200 as GET, no body, and the
+    kept-alive connection still in step for the next request."""
+    with httpx.Client(base_url=guarded_server.url) as http:
+        for path in ("/health", "/ready"):
+            head = http.head(path)
+            assert head.status_code == 200 and head.content == b""
+            assert head.headers["content-length"] == http.get(path).headers["content-length"]
+        assert http.get("/health").json() == {"status": "ok"}
+
+
 def test_client_sends_the_key_from_argument_or_environment(guarded_service, monkeypatch):
     with guarded_service.client(api_key=KEY) as client:
         assert client.diversity([GROUP]).groups[0].marginals

@@ -42,12 +42,15 @@ DATA_ROUTE = [Depends(require_key), Depends(limit_in_progress)]  # in this order
 SERIALISING = threading.Lock()
 
 
+# The probes answer HEAD too, as TEI's do (a balancer's or uptime check's probe); uvicorn sends no body for it.
+@router.head("/health", include_in_schema=False)
 @router.get("/health")
 async def health() -> dict:
     """Alive: the process answers. Says nothing about the model (see /ready)."""
     return {"status": "ok"}
 
 
+@router.head("/ready", include_in_schema=False)
 @router.get("/ready", responses={503: {"model": ErrorResponse}})
 async def ready(request: Request) -> dict:
     """200 once the model is loaded and warmed up, 503 with Retry-After before (and once the service failed)."""
