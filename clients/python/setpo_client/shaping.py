@@ -25,9 +25,10 @@ The diversity policy (contract v1.1; docs/diversity.md says how to choose it for
 
 The degrade policy, for every integration:
 - a group with fewer than 3 scorable members, or more than the service takes (max_group_size,
-  max_request_rows, max_queue_texts, max_response_bytes), gets bonus 0 and is counted (setpo/unscored_groups); one with fewer than 3 members reaching
-  min_reward gets 0 without a request (setpo/small_scope_groups); one the service refuses by name (a 422 whose param
-  is groups[b]...) gets 0 and is counted (setpo/bad_groups), its chunk sent again without it; the rest is shaped;
+  max_request_rows, max_queue_texts, max_response_bytes), gets bonus 0 and is counted (setpo/unscored_groups); one
+  with fewer than 3 members reaching min_reward gets 0 without a request (setpo/small_scope_groups); one the service
+  refuses by name (a 422 whose param is groups[b]...) gets 0 and is counted (setpo/bad_groups), its chunk sent again
+  without it; the rest of the step is shaped;
 - texts are cut to the service's max_text_chars (and max_chars), by UTF-8 bytes where a group must fit the
   body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes /
   max_response_bytes / max_queue_texts / max_queue_tokens need (the limits of /info, asked again after a failed
@@ -406,8 +407,9 @@ class SetpoShaper:
         model: str,
     ) -> list[tuple[int, GroupResult]]:
         """The chunks, `in_flight` at a time, within the step's deadline; (group index, the service's answer) for
-        every group, in the chunks' order whatever order the answers came in; every answer scored by `model`. The threads end with the step: a
-        failure cancels the chunks not yet sent and waits for those in flight (each bounded by the deadline)."""
+        every group answered, in the chunks' order whatever order the answers came in; every answer scored by `model`.
+        The threads end with the step: a failure cancels the chunks not yet sent and waits for those in flight (each
+        bounded by the deadline)."""
 
         counting = threading.Lock()  # the chunks count as they go: a step that fails reports what it did too
 

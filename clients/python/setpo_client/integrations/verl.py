@@ -562,8 +562,9 @@ def transfer_queue_sessions(batch, uids: list, estimator: str, shaper: SetpoShap
     """v1: each row's member of its group (row_sessions) and the groups fitted: a group of more outputs than the
     service takes (a loop's multi-output sessions under a per-output estimator) is fitted as veRL's GRPO takes it,
     one member a session (rollout.n of them: start() proved those fit). Limits not known (forgotten after a failed
-    step, or a replica taken back since) are asked within what is left of the step's one budget, which began at `started` (time.perf_counter()):
-    the step's scoring then has the rest, so a service still down holds veRL one budget a step, not more."""
+    step, or a replica taken back since) are asked within what is left of the step's one budget, which began at
+    `started` (time.perf_counter()): the step's scoring then has the rest, so a service still down holds veRL one
+    budget a step, not more."""
     from verl.trainer.ppo.core_algos import AdvantageEstimator
 
     tags = batch.tags or [{}] * len(batch.keys)
