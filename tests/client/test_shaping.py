@@ -140,6 +140,22 @@ def test_a_step_is_split_within_the_queue_the_service_takes(queue):
             assert shaper.score([[f"answer {k}" for k in range(31)], groups[0]]).metrics["setpo/unscored_groups"] == 1
 
 
+def test_requests_in_flight_stay_within_the_places_one_caller_may_hold(tmp_path):
+    """/info tells a caller its share of the places (SETPO_MAX_REQUESTS_PER_CALLER, auto: half once the keys name two
+    callers): a shaper asked for 8 in flight keeps 2, where more would be refused with 503."""
+    alice, bob = "alice-key-31f0c2d8", "bob-key-9a6e14b7c2"
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice={alice}\nbob={bob}\n")
+    groups = [[f"prompt {p}: answer {k} is {p * k + 1}" for k in range(4)] for p in range(16)]
+    with (
+        InProcessService(api_key_file=str(keys), max_concurrent_requests=4) as service,
+        service.client(api_key=alice, max_retries=0) as client,
+    ):
+        assert client.info().limits.max_requests_per_caller == 2
+        step = SetpoShaper(client, weight=0.3, in_flight=8, on_error="fail").score(groups)
+    assert step.metrics["setpo/requests"] == 2 and step.metrics["setpo/unscored_groups"] == 0
+
+
 def test_a_group_over_the_services_size_gets_zero_and_is_counted_and_said_with_both_numbers(tight_service, caplog):
     """A group can outgrow what start() checked (veRL's multi-output agent loops under rloo: rollout.n x outputs
     rows, known only at run time): it goes unscored, and the log says how big it was and what the service takes."""

@@ -192,11 +192,11 @@ def test_when_every_connection_is_busy_a_new_one_gets_503_not_silence(server):
     assert health_seconds(server) < 2  # room again once they are gone
 
 
-def ask_and_never_read(server: LocalServer) -> socket.socket:
+def ask_and_never_read(server: LocalServer, key: str = KEY) -> socket.socket:
     body = b'{"input": [' + b",".join([b'"the same short text"'] * 2048) + b"]}"
     sock = connect(server)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.sendall(embeddings_request(KEY, body))
+    sock.sendall(embeddings_request(key, body))
     return sock
 
 
@@ -222,23 +222,73 @@ def test_answers_nobody_reads_are_dropped_at_the_write_deadline_and_memory_retur
     assert after - baseline < HELD_AFTER_MB, f"resident memory still {after - baseline:.0f} MB above its start"
 
 
-def test_answers_their_callers_leave_unread_count_as_requests_in_progress_until_they_go():
+ALICE, BOB = "alice-key-0b7d41a9", "bob-key-5ce902f3d1"
+
+
+@pytest.fixture(scope="module")
+def two_callers(tmp_path_factory):
+    """A server whose keys name two callers, with four places: each may hold two of them (the auto default, half)."""
+    keys = tmp_path_factory.mktemp("keys") / "keys"
+    keys.write_text(f"alice={ALICE}\nbob={BOB}\n")
+    with LocalServer(api_key_file=str(keys), max_concurrent_requests=4, write_timeout=60) as running:
+        yield running
+
+
+def embed(server: LocalServer, key: str) -> httpx.Response:
+    body = {"input": ["one more"]}
+    return httpx.post(server.url + "/v1/embeddings", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def test_answers_their_callers_leave_unread_count_as_requests_in_progress_until_they_go(two_callers):
     """One caller asking again and again, never reading, used to pin an answer per request (1 GB in 12 s): a request's
     place was freed when its handler returned, its answer still held. Now an answer the socket stopped taking holds
-    its place until it is sent or dropped, and the caller's going gives the place back."""
-    with LocalServer(api_key=KEY, max_concurrent_requests=2, write_timeout=60) as server:
-        readers = [ask_and_never_read(server) for _ in range(2)]
-        try:
-            server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 2, timeout=60)
-            refused = httpx.post(server.url + "/v1/embeddings", json={"input": ["one more"]}, headers=AUTH, timeout=30)
-            assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
-            assert "2 answers not yet taken" in refused.json()["error"]["message"]
-        finally:
-            for sock in readers:
-                sock.close()
-        server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 0, timeout=30)
-        answered = httpx.post(server.url + "/v1/embeddings", json={"input": ["one more"]}, headers=AUTH, timeout=30)
-        assert answered.status_code == 200, answered.text
+    its place, its caller's, until it is sent or dropped, and the caller's going gives the place back: one caller's
+    unread answers take at most its share of the places, and everyone's at most all of them."""
+    server = two_callers
+    readers = [ask_and_never_read(server, ALICE) for _ in range(2)]
+    try:
+        server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 2, timeout=60)
+        refused = embed(server, ALICE)
+        assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text[:300]
+        assert "'alice' holds 2" in refused.json()["error"]["message"]
+        assert "SETPO_MAX_REQUESTS_PER_CALLER=2" in refused.json()["error"]["message"]
+        readers += [ask_and_never_read(server, BOB) for _ in range(2)]
+        server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 4, timeout=60)
+        refused = embed(server, BOB)
+        assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text[:300]
+        assert "4 answers not yet taken" in refused.json()["error"]["message"]
+    finally:
+        for sock in readers:
+            sock.close()
+    server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 0, timeout=30)
+    for key in (ALICE, BOB):
+        answered = embed(server, key)
+        assert answered.status_code == 200, answered.text[:300]
+
+
+def test_one_callers_stalled_bodies_take_at_most_its_share_of_the_places(two_callers):
+    """A place is taken before the body is read (what bounds the bodies held at once), so four requests whose bodies
+    never come took every place and refused everyone else until SETPO_RECEIVE_TIMEOUT. Now a caller holds at most
+    its share (SETPO_MAX_REQUESTS_PER_CALLER, half of four here): its next ones are refused, the other's answered."""
+    server = two_callers
+    stalled = []
+    try:
+        for count in range(4):
+            sock = connect(server)
+            sock.sendall(embeddings_request(ALICE, b'{"input": ["never ends"' + b" " * 100)[:-100])  # 100 bytes owed
+            stalled.append(sock)
+            if count < 2:  # admitted, and waiting for the rest of its body
+                server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == len(stalled), timeout=30)
+        refusals = [read_answer(sock) for sock in stalled[2:]]
+        assert all(b" 503 " in answer and b"SETPO_MAX_REQUESTS_PER_CALLER=2" in answer for answer in refusals)
+        assert metric(server, "setpo_requests_in_progress") == 2  # the first two, still waiting for their bodies
+        answered = embed(server, BOB)
+        assert answered.status_code == 200, answered.text[:300]
+    finally:
+        for sock in stalled:
+            sock.close()
+    server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == 0, timeout=30)
+    assert embed(server, ALICE).status_code == 200
 
 
 def test_an_answer_over_max_response_bytes_is_refused_before_the_work():

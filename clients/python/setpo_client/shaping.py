@@ -110,7 +110,8 @@ class SetpoShaper:
     and the degrade policy above. max_chars caps each text further (its beginning is kept, as the server keeps
     the beginning when it truncates tokens); by default texts are cut to what the service keeps (text_chars),
     which it would cut to anyway. in_flight: requests in flight at once (default: IN_FLIGHT_PER_REPLICA for each of
-    the client's replicas, within what /info's max_concurrent_requests admits); 1 sends a step's requests in turn."""
+    the client's replicas; never more than /info's max_concurrent_requests and max_requests_per_caller admit); 1
+    sends a step's requests in turn."""
 
     def __init__(
         self,
@@ -292,7 +293,8 @@ class SetpoShaper:
             if self.min_reward is not None:
                 envelope["min_reward"] = self.min_reward
             in_flight = self.in_flight or IN_FLIGHT_PER_REPLICA * len(self.client.urls)
-            in_flight = min(in_flight, (info.limits.max_concurrent_requests or in_flight) * len(self.client.urls))
+            places = [info.limits.max_concurrent_requests, info.limits.max_requests_per_caller]  # of one replica, ours
+            in_flight = min(in_flight, min((n for n in places if n), default=in_flight) * len(self.client.urls))
             batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
                 payloads, info, envelope, self.max_chars, in_flight
             )

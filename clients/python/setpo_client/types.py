@@ -20,6 +20,7 @@ NEWER_SERVER_FIELDS = {
         "max_embedding_inputs",
         "max_queue_tokens",
         "max_concurrent_requests",
+        "max_requests_per_caller",
         "receive_timeout",
         "header_timeout",
         "max_header_bytes",
@@ -141,6 +142,7 @@ class Limits(_Response):
     max_embedding_inputs: int | None = None
     max_queue_tokens: int | None = None
     max_concurrent_requests: int | None = None
+    max_requests_per_caller: int | None = None
     receive_timeout: float | None = None
     header_timeout: float | None = None
     max_header_bytes: int | None = None

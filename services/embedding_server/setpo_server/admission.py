@@ -8,6 +8,7 @@ the batcher's.
 """
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
@@ -18,10 +19,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from setpo_server import metrics
+from setpo_server.auth import caller
 from setpo_server.batcher import Batcher
 from setpo_server.errors import LOADING_RETRY_AFTER, ApiError
 from setpo_server.settings import Settings
-from setpo_server.state import service
+from setpo_server.state import ServiceState, service
 
 # Bodies above this parse at most BIG_BODIES_AT_ONCE at a time: parsing costs up to ~37 bytes a JSON number
 # (docs/reliability.md), so this bounds the memory concurrent big bodies can claim together.
@@ -48,23 +50,41 @@ async def ready_batcher(request: Request) -> Batcher:
 
 async def limit_in_progress(request: Request) -> AsyncIterator[None]:
     """At most SETPO_MAX_CONCURRENT_REQUESTS data requests at once, an answer its caller has not taken yet counted
-    as one; the next gets 503 before its body is read."""
+    as one, and of those at most SETPO_MAX_REQUESTS_PER_CALLER from one caller; the next gets 503 before its body
+    is read."""
     state = service(request)
-    limit = state.settings.max_concurrent_requests
+    limit, who = state.settings.max_concurrent_requests, caller(request)
+    retry = state.batcher.retry_after() if state.batcher is not None else LOADING_RETRY_AFTER
     if state.in_progress + state.unsent_answers >= limit:
-        retry = state.batcher.retry_after() if state.batcher is not None else LOADING_RETRY_AFTER
         message = (
             f"server is busy ({state.in_progress} requests in progress, {state.unsent_answers} answers not yet taken "
             f"by their callers, SETPO_MAX_CONCURRENT_REQUESTS={limit}); retry after {retry} s"
         )
         raise ApiError(503, message, "overloaded", retry_after=retry, unread_body=True)
+    per_caller = places_per_caller(state)
+    if state.held.get(who, 0) >= per_caller:
+        message = (
+            f"caller {who!r} holds {state.held[who]} of the service's places (requests in progress and answers not "
+            f"yet taken), SETPO_MAX_REQUESTS_PER_CALLER={per_caller}; retry after {retry} s"
+        )
+        raise ApiError(503, message, "overloaded", retry_after=retry, unread_body=True)
     state.in_progress += 1
+    state.hold(who, 1)
     metrics.REQUESTS_IN_PROGRESS.set(state.in_progress)
     try:
         yield
     finally:
         state.in_progress -= 1
+        state.hold(who, -1)
         metrics.REQUESTS_IN_PROGRESS.set(state.in_progress)
+
+
+def places_per_caller(state: ServiceState) -> int:
+    """SETPO_MAX_REQUESTS_PER_CALLER, auto resolved against the keys in force (the key file may name more meanwhile)."""
+    setting, limit = state.settings.max_requests_per_caller, state.settings.max_concurrent_requests
+    if setting != "auto":
+        return setting
+    return math.ceil(limit / 2) if state.keys.callers >= 2 else limit
 
 
 def body_too_large(limit: int) -> ApiError:

@@ -75,6 +75,11 @@ class CallerKeys:
     def required(self) -> bool:
         return self.api_key is not None or self.path is not None
 
+    @property
+    def callers(self) -> int:
+        """How many callers the keys in force name."""
+        return len(set(self.from_file.values()) | ({DEFAULT_CALLER} if self.api_key is not None else set()))
+
     def caller(self, token: str) -> str | None:
         """The name of the caller whose key this is, or None. Every key is compared, each in constant time."""
         candidates = list(self.from_file.items())

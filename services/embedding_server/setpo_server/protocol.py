@@ -29,6 +29,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from setpo_server import metrics
+from setpo_server.keys import ANONYMOUS
 from setpo_server.runtime import MALLOC_TRIM
 from setpo_server.schemas import ErrorDetail, ErrorResponse
 
@@ -52,6 +53,7 @@ class BoundedProtocol(HttpToolsProtocol):
     lingering: bool = False  # refused: what the caller sends from now on is dropped
     refusal: Callable[[], None] | None = None  # a refusal held until the answers to the requests before it are sent
     service: "ServiceState | None" = None  # setpo-server sets it: answers not taken count as requests in progress
+    unsent_caller: str = ANONYMOUS  # whose answer the socket stopped taking: it holds one of that caller's places
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
@@ -164,9 +166,14 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def count_unsent(self, change: int) -> None:
         """An answer the socket stopped taking holds its memory until sent or dropped: admission counts it as a
-        request in progress, so that SETPO_MAX_CONCURRENT_REQUESTS bounds what unread answers can pin."""
+        request in progress, its caller's (auth.require_key put the name in the request's state), so that
+        SETPO_MAX_CONCURRENT_REQUESTS bounds what unread answers can pin, and SETPO_MAX_REQUESTS_PER_CALLER what one
+        caller's can."""
         if self.service is not None:
+            if change > 0 and self.cycle is not None:
+                self.unsent_caller = self.cycle.scope.get("state", {}).get("caller", ANONYMOUS)
             self.service.unsent_answers += change
+            self.service.hold(self.unsent_caller, change)
             metrics.ANSWERS_UNSENT.set(self.service.unsent_answers)
 
     def answer_not_taken(self) -> None:

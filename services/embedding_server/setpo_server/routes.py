@@ -14,7 +14,14 @@ from starlette.concurrency import run_in_threadpool
 
 from setpo_core.diversity import unit_rows
 from setpo_server import CONTRACT_VERSION, __version__
-from setpo_server.admission import check_answer_size, check_text_lengths, limit_in_progress, read_body, ready_batcher
+from setpo_server.admission import (
+    check_answer_size,
+    check_text_lengths,
+    limit_in_progress,
+    places_per_caller,
+    read_body,
+    ready_batcher,
+)
 from setpo_server.auth import caller, require_key
 from setpo_server.batcher import Batcher
 from setpo_server.errors import ApiError, echoed, until_done_or_gone
@@ -67,9 +74,8 @@ async def prometheus_metrics() -> Response:
 async def info(request: Request, batcher: Batcher = Depends(ready_batcher)) -> Info:
     state, backend = service(request), batcher.backend
     settings = state.settings
-    limits = Limits(
-        **{**settings.model_dump(include=set(Limits.model_fields)), "max_batch_tokens": batcher.max_batch_tokens}
-    )
+    resolved = {"max_batch_tokens": batcher.max_batch_tokens, "max_requests_per_caller": places_per_caller(state)}
+    limits = Limits(**{**settings.model_dump(include=set(Limits.model_fields)), **resolved})
     return Info(
         version=__version__,
         contract=CONTRACT_VERSION,

@@ -196,6 +196,10 @@ class Limits(BaseModel):
     max_queue_texts: int
     max_queue_tokens: int
     max_concurrent_requests: int
+    max_requests_per_caller: int = Field(
+        description="Of max_concurrent_requests, what the caller asking may hold (SETPO_MAX_REQUESTS_PER_CALLER, auto "
+        "resolved against the keys in force)."
+    )
     receive_timeout: float
     header_timeout: float
     max_header_bytes: int

@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     """Tokens admitted and not yet embedded; beyond this a request gets 429 with Retry-After (an empty queue admits any legal request)."""
     max_concurrent_requests: int = Field(32, ge=1)
     """Data requests (/v1/*) in progress at once, an answer its caller has not taken yet counted as one; beyond this 503 with Retry-After, before the body is read."""
+    max_requests_per_caller: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """Of those, what one caller (a key's name) may hold; beyond this 503 with Retry-After, before the body is read. auto = half of SETPO_MAX_CONCURRENT_REQUESTS (rounded up) once the keys name two or more callers, so one caller's stalled bodies or unread answers cannot take every place; all of them otherwise."""
     forward_timeout: float = Field(120.0, gt=0)
     """Seconds one forward pass may run before the device is taken to be stuck: waiting requests get 503, /ready turns 503 and the process exits 1 (to be restarted)."""
     receive_timeout: float = Field(30.0, gt=0)

@@ -4,7 +4,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -32,6 +32,14 @@ class ServiceState:
     # answers whose socket stopped taking them, held until sent or dropped at SETPO_WRITE_TIMEOUT (protocol.py):
     # admission counts them as in progress, or one caller leaving answers unread could pin memory without bound
     unsent_answers: int = 0
+    # places held by caller name, requests in progress and answers unsent alike (SETPO_MAX_REQUESTS_PER_CALLER)
+    held: dict[str, int] = field(default_factory=dict)
+
+    def hold(self, caller: str, change: int) -> None:
+        """A place taken (1) or given back (-1) by `caller`."""
+        self.held[caller] = self.held.get(caller, 0) + change
+        if not self.held[caller]:
+            del self.held[caller]
 
 
 def service(request: Request) -> ServiceState:
