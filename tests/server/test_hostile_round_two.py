@@ -3,6 +3,7 @@ small leaks. One real server on a socket for every probe that needs one (bytes a
 started under a 256-descriptor limit as a small container would have; the rest in-process."""
 
 import contextlib
+import json
 import socket
 import subprocess
 import sys
@@ -198,6 +199,16 @@ def ask_and_never_read(server: LocalServer, key: str = KEY) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.sendall(embeddings_request(key, body))
     return sock
+
+
+def test_bytes_that_are_not_http_get_a_400_in_the_services_error_shape(server):
+    """uvicorn answered them in plain text, the one answer of the service that was not its JSON error body."""
+    sock = connect(server)
+    sock.sendall(b"NOT HTTP AT ALL\x00\r\n\r\n")
+    head, _, body = read_answer(sock).partition(b"\r\n\r\n")
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower(), head
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
 
 
 def test_answers_nobody_reads_are_dropped_at_the_write_deadline_and_memory_returns(server):

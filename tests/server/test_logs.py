@@ -8,9 +8,11 @@ import httpx
 
 from setpo_server.local import LocalServer
 
+LONG = "/v1/" + "x" * 20_000  # within SETPO_MAX_HEADER_BYTES: a 404 whose path could fill a log line
+
 
 def requests_then_log(server: LocalServer) -> str:
-    for path in ("/health", "/ready", "/metrics", "/info?token=abc"):
+    for path in ("/health", "/ready", "/metrics", "/info?token=abc", LONG):
         httpx.get(server.url + path)
     time.sleep(0.3)
     return server.log()
@@ -25,6 +27,8 @@ def test_text_log_is_one_format_without_probes_queries_or_progress_bars():
     assert not any(probe in line for line in lines for probe in ("GET /health", "GET /ready", "GET /metrics"))
     assert not any("%|" in line or "it/s]" in line for line in lines)  # no progress bars
     assert not any("token=abc" in line for line in lines)
+    logged = [line for line in lines if '"GET /v1/xxx' in line]
+    assert len(logged) == 1 and len(logged[0]) < 400 and '" 404' in logged[0]  # the path cut, the line kept
 
 
 def test_json_log_is_one_object_a_line_and_debug_brings_the_probes_back():

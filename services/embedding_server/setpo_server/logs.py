@@ -13,6 +13,9 @@ from typing import Any
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PROBES = frozenset({"/health", "/ready", "/metrics"})
 UVICORN_ACCESS = '%s - "%s %s HTTP/%s" %d'  # uvicorn's access line: client, method, path, version, status
+# Characters of a request's path an access line keeps: a path may be as long as SETPO_MAX_HEADER_BYTES, and one
+# caller's requests must not write 32 KiB lines into everyone's log.
+MAX_LOGGED_PATH = 200
 # The caller a key named (keys.py), set by metrics.RequestMetrics just before uvicorn writes the request's line
 ACCESS_CALLER: ContextVar[str | None] = ContextVar("setpo_access_caller", default=None)
 
@@ -33,12 +36,14 @@ class JsonFormatter(logging.Formatter):
 
 
 def access_line(record: logging.LogRecord) -> bool:
-    """uvicorn's access record (client, method, path, version, status), its path cut before the query string and
-    the caller's name in place of its "-" (as the common log format's user), when a key named one; a probe's line
+    """uvicorn's access record (client, method, path, version, status), its path cut before the query string (and
+    after MAX_LOGGED_PATH characters) and the caller's name in place of its "-" (as the common log format's user), when a key named one; a probe's line
     only at DEBUG."""
     if not (isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str)):
         return True
     path = record.args[2].split("?", 1)[0]
+    if len(path) > MAX_LOGGED_PATH:
+        path = f"{path[:MAX_LOGGED_PATH]}...({len(path)} characters)"
     record.args = (*record.args[:2], path, *record.args[3:])
     caller = ACCESS_CALLER.get()
     if caller is not None and record.msg == UVICORN_ACCESS:

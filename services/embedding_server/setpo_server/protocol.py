@@ -12,9 +12,10 @@ uvicorn bounds none of these itself (docs/reliability.md has each probe and its 
   refused in words, where running out of descriptors would refuse /health in silence;
 - answers nobody reads: an answer still unsent SETPO_WRITE_TIMEOUT after the socket stopped taking it is dropped
   with its connection, and the memory it held goes back to the OS;
-- refusals (408, 431, 503) come after the answers to the requests pipelined before them, and close lingering, as
-  nginx's lingering_close: what the caller still sends is read and dropped for up to `linger` seconds and a header's
-  worth of bytes, so that its answer is not lost to a reset.
+- refusals (400 for bytes that are not HTTP, 408, 431, 503: each in the service's JSON error shape) come after the
+  answers to the requests pipelined before them, and close lingering, as nginx's lingering_close: what the caller
+  still sends is read and dropped for up to `linger` seconds and a header's worth of bytes, so that its answer is not
+  lost to a reset.
 """
 
 import asyncio
@@ -103,6 +104,10 @@ class BoundedProtocol(HttpToolsProtocol):
             self.header_bytes += len(data)
             if self.header_bytes > self.max_header_bytes and not self.transport.is_closing():
                 self.headers_too_large()
+
+    def send_400_response(self, msg: str) -> None:
+        """Bytes that are not HTTP: uvicorn's 400 in plain text, sent as every other answer, the service's JSON error."""
+        self.refuse(400, "Bad Request", f"{msg} Send HTTP/1.1.", "invalid_request_error", None)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
