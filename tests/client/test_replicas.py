@@ -338,15 +338,13 @@ def other_model(body):
         short_local_mass,
         numbers_as_strings,
         bonus_as_booleans,
-        other_model,
     ],
 )
 def test_answers_that_do_not_fit_what_was_sent_cost_their_chunk_one_retry_elsewhere(replicas, serial, fake, answer):
     """Off the contract though every number is finite: numbers whose squares overflow (they would overflow the step's
     means), a weight other than the one sent, a group answered as having more members scored than it has, a
-    per-member list of another length, numbers spelled as strings or booleans (JSON's own types are the contract's),
-    an answer scored by a model other than the one the step learned from /info (the replica's /info says that model:
-    what it answers is what counts). Each is that replica's fault: its chunk is asked of the other."""
+    per-member list of another length, numbers spelled as strings or booleans (JSON's own types are the contract's).
+    Each is that replica's fault: its chunk is asked of the other."""
     liar, _ = fake(answer)
     with SetpoClient(f"{replicas[0].url},{liar}") as client:
         step = SetpoShaper(client, on_error="skip", **POLICY).score(GROUPS, rewards=REWARDS)
@@ -443,3 +441,20 @@ def test_a_replica_taken_back_is_asked_its_info_before_a_step_sends_it_chunks(re
         else:
             assert after.metrics["setpo/fallback_steps"] == 1 and after.marginals is None
             assert any("different models" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_one_step_is_never_scored_by_two_models(replicas, fake, caplog, on_error):
+    """A replica whose /info says the step's model but whose answers name another (one taken back mid-step,
+    redeployed): its chunk's marginals would sit beside the other's from another space. The step fails as a step,
+    said; which of the two is right is not the client's to guess."""
+    other, _ = fake(other_model)
+    with SetpoClient(f"{replicas[0].url},{other}") as client:
+        shaper = SetpoShaper(client, on_error=on_error, **POLICY)
+        if on_error == "fail":
+            with pytest.raises(SetpoError, match="scored by different models"):
+                shaper.score(GROUPS, rewards=REWARDS)
+            return
+        step = shaper.score(GROUPS, rewards=REWARDS)
+    assert step.metrics["setpo/fallback_steps"] == 1 and step.marginals is None
+    assert any("different models" in record.getMessage() for record in caplog.records)

@@ -197,16 +197,34 @@ def test_a_rotated_key_trains_on_with_zero_under_skip_logged_with_the_services_m
         SetpoShaper(client, weight=0.1, on_error="fail").score(GROUPS)
 
 
-def test_a_request_the_service_refuses_as_a_whole_falls_back_under_skip(tight_service, caplog):
-    # limits lowered since /info: the service refuses the request itself (param "groups"), naming no group at fault
+@pytest.mark.parametrize(
+    "learned,said",
+    [({"max_groups": 10}, "SETPO_MAX_GROUPS"), ({"max_group_size": 10}, "SETPO_MAX_GROUP_SIZE")],
+    ids=["request", "group"],
+)
+def test_a_request_refused_for_limits_lowered_since_info_falls_back_and_info_is_asked_again(
+    tight_service, caplog, learned, said
+):
+    """The service refuses the request itself (param "groups") or one group for its size (param "groups[b]"): either
+    says the limits learned are stale (lowered since /info, or another replica's), never that group's own fault, so
+    the step falls back, once, and the next asks /info again, rather than drop the groups one request at a time."""
     shaper = SetpoShaper(tight_service.client(api_key=KEY, max_retries=0), weight=0.1, on_error="skip", in_flight=1)
     shaper.check()
-    shaper.info = shaper.info.model_copy(update={"limits": shaper.info.limits.model_copy(update={"max_groups": 10})})
+    shaper.info = shaper.info.model_copy(update={"limits": shaper.info.limits.model_copy(update=learned)})
+    groups = [[f"answer {j}" for j in range(7)], *GROUPS] if "max_group_size" in learned else GROUPS * 2
     with caplog.at_level("ERROR", logger="setpo_client"):
-        step = shaper.score(GROUPS * 2)
+        step = shaper.score(groups)
     assert step.metrics["setpo/fallback_steps"] == 1 and all(b == 0 for g in step.bonus for b in g)
-    assert any("SETPO_MAX_GROUPS" in r.getMessage() for r in caplog.records)
+    assert step.metrics["setpo/bad_groups"] == 0
+    assert any(said in r.getMessage() for r in caplog.records)
     assert shaper.info is None  # asked again at the next step
+
+
+def test_a_service_that_answers_under_a_served_name_is_shaped():
+    """SETPO_SERVED_MODEL_NAME: answers name the alias, /info the model; a step is shaped all the same."""
+    with InProcessService(served_model_name=["text-embedding-3-small"]) as service, service.client() as client:
+        step = SetpoShaper(client, weight=0.3, on_error="fail").score(GROUPS)
+    assert step.metrics["setpo/fallback_steps"] == 0 and all(m is not None for m in step.marginals)
 
 
 WIDE = 16385  # one more dimension than the service takes (setpo_server.schemas.MAX_EMBEDDING_DIM)
@@ -215,23 +233,19 @@ WIDE = 16385  # one more dimension than the service takes (setpo_server.schemas.
 @pytest.mark.parametrize(
     "bad,rewards,said",
     [
-        ([f"t{j}" for j in range(300)], [0.0] * 300, "SETPO_MAX_GROUP_SIZE"),  # limits lowered since /info
         (["x", "y", "z"], [1.7e308, 1.7e308, -1.7e308], "overflow"),  # finite rewards whose advantages overflow
         ([[0.5] * WIDE] * 3, [0.0] * 3, "16384"),  # vectors wider than any embedder's
     ],
-    ids=["group-size", "reward-overflow", "wide-vectors"],
+    ids=["reward-overflow", "wide-vectors"],
 )
 def test_a_group_the_service_refuses_by_name_costs_its_own_bonus_and_the_rest_is_shaped(
     inprocess, caplog, bad, rewards, said
 ):
-    """A 422 whose param names one group (groups[b]...) is that group's fault, not the step's nor the replica's: it
-    gets bonus 0, counted and said with the service's message, and its chunk is sent again without it."""
+    """A 422 about one group's own rewards or vectors (groups[b].rewards, groups[b].embeddings...) is that group's
+    fault, not the step's nor the replica's: it gets bonus 0, counted and said with the service's message, and its
+    chunk is sent again without it."""
     groups = [[f"{p} apples make {p * k}" for k in range(4)] for p in range(3)]
     shaper = SetpoShaper(inprocess, weight=0.1, on_error="fail", in_flight=1)
-    shaper.check()
-    if said == "SETPO_MAX_GROUP_SIZE":
-        limits = shaper.info.limits.model_copy(update={"max_group_size": 10_000, "max_request_rows": 10_000})
-        shaper.info = shaper.info.model_copy(update={"limits": limits})
     step = shaper.score([*groups[:2], bad, groups[2]], rewards=[[1.0, 0.0, 1.0, 0.0]] * 2 + [rewards, [0.0] * 4])
     reference = SetpoShaper(inprocess, weight=0.1, on_error="fail").score(
         groups, rewards=[[1.0, 0.0, 1.0, 0.0]] * 2 + [[0.0] * 4]

@@ -193,11 +193,12 @@ def test_when_every_connection_is_busy_a_new_one_gets_503_not_silence(server):
     assert health_seconds(server) < 2  # room again once they are gone
 
 
-def ask_and_never_read(server: LocalServer, key: str = KEY) -> socket.socket:
+def ask_and_never_read(server: LocalServer, key: str = KEY, then: bytes = b"") -> socket.socket:
+    """A request for a 16 MB answer, never read; `then`: bytes pipelined behind it (another request)."""
     body = b'{"input": [' + b",".join([b'"the same short text"'] * 2048) + b"]}"
     sock = connect(server)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.sendall(embeddings_request(key, body))
+    sock.sendall(embeddings_request(key, body) + then)
     return sock
 
 
@@ -209,6 +210,25 @@ def test_bytes_that_are_not_http_get_a_400_in_the_services_error_shape(server):
     sock.close()
     assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower(), head
     assert json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_whose_framing_breaks_mid_request_gets_its_400_at_once_and_frees_its_place(server):
+    """A chunk size that is not hex, after the request was admitted: uvicorn's parser stops there. The 400 goes out at
+    once, and the handler that waited for the rest of the body is told its caller went, not left holding its place
+    until SETPO_RECEIVE_TIMEOUT (30 s here) to answer 408."""
+    sock = connect(server)
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    )
+    sock.sendall(head + b'5\r\n{"inp\r\n')
+    server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == 1, timeout=30)
+    sock.sendall(b"zz\r\nnot a chunk\r\n")
+    head, _, body = read_answer(sock, timeout=10).partition(b"\r\n\r\n")
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == 0, timeout=10)
 
 
 def test_answers_nobody_reads_are_dropped_at_the_write_deadline_and_memory_returns(server):
@@ -256,7 +276,8 @@ def test_answers_their_callers_leave_unread_count_as_requests_in_progress_until_
     its place, its caller's, until it is sent or dropped, and the caller's going gives the place back: one caller's
     unread answers take at most its share of the places, and everyone's at most all of them."""
     server = two_callers
-    readers = [ask_and_never_read(server, ALICE) for _ in range(2)]
+    # one of them with a request pipelined behind it: queued, it must not take the unsent answer's place as its own
+    readers = [ask_and_never_read(server, ALICE), ask_and_never_read(server, ALICE, b"GET /health HTTP/1.1\r\n\r\n")]
     try:
         server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 2, timeout=60)
         refused = embed(server, ALICE)

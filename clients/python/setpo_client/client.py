@@ -196,12 +196,11 @@ def diversity_payload(
     return payload
 
 
-def answer_problem(result: DiversityResponse, payload: dict, model: str | None = None) -> str | None:
+def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
     """Why an answer cannot be applied to the groups sent, or None: every group answered, each member of it in
     every per-member list (and in `bonus`, which a v1.1 request must get, with each group's `scored`, 0 to its size,
     and the weight sent), every number finite, squares too (a NaN bonus would reach a trainer's loss, a NaN
-    marginal or set score its metrics; a finite 1e308 overflows the step's means), and scored by `model` when given
-    (a replica that came back serving another model must not mix its space into a step)."""
+    marginal or set score its metrics; a finite 1e308 overflows the step's means)."""
     sizes = [max(len(field) for field in group.values()) for group in payload["groups"]]
     v11 = any(name in payload for name in ("min_reward", "kernel", "normalize")) or any(
         "keys" in group for group in payload["groups"]
@@ -225,8 +224,6 @@ def answer_problem(result: DiversityResponse, payload: dict, model: str | None =
             return f"numbers too large to sum in the answer's {name} (up to {max(map(abs, values))})"
     if v11 and "weight" in payload and result.weight != payload["weight"]:
         return f"sent weight {payload['weight']}, the answer says {result.weight}"
-    if model is not None and result.model != model:
-        return f"scored by model {result.model!r}, not {model!r} (the model /info named)"
     return None
 
 
@@ -470,11 +467,11 @@ def at_fault(error: SetpoError, replica: str) -> SetpoError:
     return error
 
 
-def checked(response: httpx.Response, payload: dict, replica: str, model: str | None) -> DiversityResponse:
+def checked(response: httpx.Response, payload: dict, replica: str) -> DiversityResponse:
     """The diversity answer, parsed and checked against what was sent; a failure names the replica that gave it."""
     try:
         result = parsed(DiversityResponse, response)
-        problem = answer_problem(result, payload, model)
+        problem = answer_problem(result, payload)
         if problem is not None:  # never zip an answer that does not fit what was sent onto it, nor train on NaN
             raise SetpoAPIError(response.status_code, f"answer off the contract: {problem}")
     except SetpoError as exc:
@@ -587,16 +584,15 @@ class SetpoClient(_ClientConfig):
         normalize: Normalize | None = None,
         deadline: float | None = None,
         avoid: Collection[str] = (),
-        expect_model: str | None = None,
     ) -> DiversityResponse:
         """Marginals, local masses, set scores (and shaped advantages for groups with rewards). Contract v1.1:
         `min_reward` scores only members with reward >= it, `kernel` 'embedding' | 'hybrid' | 'key' (groups give
         `keys`), `normalize` 'none' | 'zscore'; the answer then also has each group's `scored` and `bonus`.
-        An answer that does not fit the groups sent (a group or member missing, a number not finite, another model
-        than `expect_model`) is a SetpoAPIError. `avoid`: replicas not to ask unless no other is left."""
+        An answer that does not fit the groups sent (a group or member missing, a number not finite) is a
+        SetpoAPIError. `avoid`: replicas not to ask unless no other is left."""
         payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
         url, response = self._request("POST", "/v1/diversity", payload, deadline, avoid)
-        return checked(response, payload, url, expect_model)
+        return checked(response, payload, url)
 
     def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None
@@ -754,11 +750,10 @@ class AsyncSetpoClient(_ClientConfig):
         normalize: Normalize | None = None,
         deadline: float | None = None,
         avoid: Collection[str] = (),
-        expect_model: str | None = None,
     ) -> DiversityResponse:
         payload = diversity_payload(groups, weight, min_reward, kernel, normalize)
         url, response = await self._request("POST", "/v1/diversity", payload, deadline, avoid)
-        return checked(response, payload, url, expect_model)
+        return checked(response, payload, url)
 
     async def embeddings(
         self, input: str | Sequence[str], encoding_format: str = "float", dimensions: int | None = None

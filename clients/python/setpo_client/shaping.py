@@ -25,10 +25,10 @@ The diversity policy (contract v1.1; docs/diversity.md says how to choose it for
 
 The degrade policy, for every integration:
 - a group with fewer than 3 scorable members, or more than the service takes (max_group_size,
-  max_request_rows, max_queue_texts, max_response_bytes), gets bonus 0 and is counted (setpo/unscored_groups); one
-  with fewer than 3 members reaching min_reward gets 0 without a request (setpo/small_scope_groups); one the service
-  refuses by name (a 422 whose param is groups[b]...) gets 0 and is counted (setpo/bad_groups), its chunk sent again
-  without it; the rest of the step is shaped;
+  max_request_rows, max_response_bytes; its texts, max_queue_texts), gets bonus 0 and is counted
+  (setpo/unscored_groups); one with fewer than 3 members reaching min_reward gets 0 without a request
+  (setpo/small_scope_groups); one whose own rewards or vectors the service refuses (a 422 naming groups[b].rewards
+  or .embeddings) gets 0 and is counted (setpo/bad_groups), its chunk sent again without it; the rest is shaped;
 - texts are cut to the service's max_text_chars (and max_chars), by UTF-8 bytes where a group must fit the
   body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes /
   max_response_bytes / max_queue_texts / max_queue_tokens need (the limits of /info, asked again after a failed
@@ -39,7 +39,7 @@ The degrade policy, for every integration:
   another before the step falls back (setpo/chunk_retries); the step keeps one deadline for all of it;
 - on_error="skip": ANY failure (unreachable, 5xx, 4xx such as a 401 after the key was rotated, an answer off
   the contract: a group missing, a NaN or Infinity or an overflowing square in any number read, a weight not
-  the one sent, another model than /info's (client.answer_problem); a key function
+  the one sent (client.answer_problem); chunks of one step scored by different models; a key function
   that raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
   and logged at error level with the service's message; on_error="fail": it stops training with that message.
 """
@@ -73,7 +73,8 @@ IN_FLIGHT_PER_REPLICA = 1
 ANSWER_BYTES_PER_ROW, ANSWER_BYTES_PER_GROUP = 5 * 24, 160
 # A text's tokens, bounded from above for max_queue_tokens without its tokenizer: at most max_tokens (the service
 # truncates), and at most one a UTF-8 byte (WordPiece, byte-level BPE and SentencePiece pieces each cover one or
-# more) plus this many the tokenizer adds (special tokens, SentencePiece's leading '▁').
+# more) plus this many the tokenizer adds (special tokens, SentencePiece's leading '▁'). A model with a default prompt,
+# which the service puts before every text, adds its tokens: a request over the queue then fails its chunk.
 ADDED_TOKENS = 4
 
 
@@ -184,7 +185,7 @@ class SetpoShaper:
         if group_size > largest:  # such a group would never be scored
             raise SetpoError(
                 f"groups of {group_size} responses; the service at {self.client.base_url} takes at most {largest}. "
-                f"Raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_QUEUE_TEXTS, SETPO_MAX_RESPONSE_BYTES) on the service, or lower {spell('group_size')}."
+                f"Raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_RESPONSE_BYTES) on the service, or lower {spell('group_size')}."
             )
         if (self.max_chars or 0) > limits.max_text_chars:
             raise SetpoError(
@@ -298,7 +299,7 @@ class SetpoShaper:
             batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
                 payloads, info, envelope, self.max_chars, in_flight
             )
-            return self.send(batches, step.weight, counts, deadline, in_flight, info.model)  # 3. the service's answers
+            return self.send(batches, step.weight, counts, deadline, in_flight)  # 3. the service's answers
         finally:
             step.work_s = time.perf_counter() - began
 
@@ -406,16 +407,15 @@ class SetpoShaper:
         counts: dict[str, int],
         deadline: float | None,
         in_flight: int,
-        model: str,
     ) -> list[tuple[int, GroupResult]]:
         """The chunks, `in_flight` at a time, within the step's deadline; (group index, the service's answer) for
-        every group answered, in the chunks' order whatever order the answers came in; every answer scored by `model`.
+        every group answered, in the chunks' order whatever order the answers came in, all of them scored by one model.
         The threads end with the step: a failure cancels the chunks not yet sent and waits for those in flight (each
         bounded by the deadline)."""
 
         counting = threading.Lock()  # the chunks count as they go: a step that fails reports what it did too
 
-        def ask(batch: list[tuple[int, dict]]) -> list[tuple[int, GroupResult]]:
+        def ask(batch: list[tuple[int, dict]]) -> tuple[str | None, list[tuple[int, GroupResult]]]:
             batch, avoid = list(batch), list[str]()
             while batch:
                 try:
@@ -427,16 +427,17 @@ class SetpoShaper:
                         normalize=self.normalize,
                         deadline=deadline,
                         avoid=avoid,
-                        expect_model=model,
                     )
                     with counting:
                         counts["requests"] += 1
-                    return [(index, group) for (index, _), group in zip(batch, answer.groups)]
+                    return answer.model, [(index, group) for (index, _), group in zip(batch, answer.groups)]
                 except SetpoError as exc:
-                    # a 422 naming one group (groups[b]...) is that group's own fault: it goes unshaped, the rest again
+                    # A 422 about one group's own data (its rewards, its vectors: what only the service can judge) is
+                    # that group's fault: it goes unshaped, the rest again. One about a limit (a group's size, a text's
+                    # length) says the limits learned are stale, or this replica's are others': the chunk fails.
                     named = None
                     if isinstance(exc, SetpoAPIError) and exc.status == 422:
-                        named = re.match(r"groups\[(\d+)\]", exc.param or "")
+                        named = re.match(r"groups\[(\d+)\]\.(rewards|embeddings)\b", exc.param or "")
                     if named and int(named[1]) < len(batch):
                         index, _ = batch.pop(int(named[1]))
                         log.warning("SetPO: the service refused group %d of the step (%s); its bonus is 0", index, exc)
@@ -456,7 +457,7 @@ class SetpoShaper:
                     with counting:
                         counts["retries"] += 1
                     avoid.append(exc.replica)
-            return []  # every group of the chunk refused by name
+            return None, []  # every group of the chunk refused
 
         with ThreadPoolExecutor(min(in_flight, len(batches)) or 1, thread_name_prefix="setpo-chunk") as pool:
             futures = [pool.submit(ask, batch) for batch in batches]
@@ -465,7 +466,11 @@ class SetpoShaper:
             if failed:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise failed[0].exception()  # type: ignore[misc]
-            return [pair for future in futures for pair in future.result()]
+            answers = [future.result() for future in futures]
+        models = sorted({model for model, _ in answers if model is not None})
+        if len(models) > 1:  # a replica taken back mid-step serving another model: marginals of two spaces
+            raise SetpoError(f"one step's chunks were scored by different models ({', '.join(models)})")
+        return [pair for _, pairs in answers for pair in pairs]
 
     def span_of(self, text: object, counts: dict[str, int]) -> object:
         """What of a text is embedded under embed_span: its last match's group (or the whole match); the text whole
@@ -569,7 +574,7 @@ def fit_step(
     if oversized:  # start() checked the configured group size; a group can still outgrow it (multi-output loops)
         log.warning(
             "SetPO: %d group(s) of %s members; the service takes at most %d: their bonus is 0. Raise "
-            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_QUEUE_TEXTS, SETPO_MAX_RESPONSE_BYTES) on the service, or make the groups smaller",
+            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_RESPONSE_BYTES) on the service, or make the groups smaller",
             len(oversized),
             ", ".join(map(str, sorted(set(oversized)))),
             max_rows,
@@ -614,9 +619,9 @@ def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Seque
 
 
 def largest_group(limits: Limits) -> int:
-    """The most members a group may have for the service to score it: its group size, request rows, queue texts and
-    answer size limits."""
-    rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size, limits.max_queue_texts)
+    """The most members a group may have for the service to score it: its group size, request rows and answer
+    size limits."""
+    rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
     if limits.max_response_bytes:
         rows = min(rows, (limits.max_response_bytes - ANSWER_BYTES_PER_GROUP) // ANSWER_BYTES_PER_ROW)
     return rows
@@ -635,6 +640,8 @@ def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int)
     max_rows = largest_group(limits)
     keys = payload.get("keys") or []
     if not MIN_GROUP <= size <= max_rows or any(key is not None and len(key) > limits.max_text_chars for key in keys):
+        return None
+    if "texts" in payload and size > limits.max_queue_texts:  # one request's texts must fit the service's queue
         return None
     if "texts" in payload:
         payload = {**payload, "texts": [text[:chars] for text in payload["texts"]]}

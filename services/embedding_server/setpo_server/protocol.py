@@ -27,7 +27,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from setpo_server import metrics
 from setpo_server.keys import ANONYMOUS
@@ -54,6 +55,7 @@ class BoundedProtocol(HttpToolsProtocol):
     lingering: bool = False  # refused: what the caller sends from now on is dropped
     refusal: Callable[[], None] | None = None  # a refusal held until the answers to the requests before it are sent
     service: "ServiceState | None" = None  # setpo-server sets it: answers not taken count as requests in progress
+    answering: "RequestResponseCycle | None" = None  # the request whose answer is being written (pipelined: the first)
     unsent_caller: str = ANONYMOUS  # whose answer the socket stopped taking: it holds one of that caller's places
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
@@ -106,8 +108,21 @@ class BoundedProtocol(HttpToolsProtocol):
                 self.headers_too_large()
 
     def send_400_response(self, msg: str) -> None:
-        """Bytes that are not HTTP: uvicorn's 400 in plain text, sent as every other answer, the service's JSON error."""
-        self.refuse(400, "Bad Request", f"{msg} Send HTTP/1.1.", "invalid_request_error", None)
+        """Bytes that are not HTTP (a request line, a header, a body's framing): uvicorn's 400, sent as every other
+        answer is, the service's JSON error. A body broken mid-request is answered at once, as uvicorn did, and its
+        handler told its caller went: else it would wait for the rest until SETPO_RECEIVE_TIMEOUT, holding its place."""
+        message = f"{msg} The request line, a header or the body's framing is not HTTP/1.1."
+        under_way = self.cycle is not None and self.cycle.more_body and not self.cycle.response_started
+        if under_way:
+            assert self.cycle is not None
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.refuse(400, "Bad Request", message, "invalid_request_error", None, at_once=under_way)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """uvicorn starts a request's app here, when the requests pipelined before it are answered."""
+        self.answering = cycle
+        super()._start_asgi_task(cycle, app)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -175,8 +190,8 @@ class BoundedProtocol(HttpToolsProtocol):
         SETPO_MAX_CONCURRENT_REQUESTS bounds what unread answers can pin, and SETPO_MAX_REQUESTS_PER_CALLER what one
         caller's can."""
         if self.service is not None:
-            if change > 0 and self.cycle is not None:
-                self.unsent_caller = self.cycle.scope.get("state", {}).get("caller", ANONYMOUS)
+            if change > 0 and self.answering is not None:  # not self.cycle: a pipelined request queued behind it
+                self.unsent_caller = self.answering.scope.get("state", {}).get("caller", ANONYMOUS)
             self.service.unsent_answers += change
             self.service.hold(self.unsent_caller, change)
             metrics.ANSWERS_UNSENT.set(self.service.unsent_answers)
@@ -212,15 +227,23 @@ class BoundedProtocol(HttpToolsProtocol):
         self.refuse(431, "Request Header Fields Too Large", message, "invalid_request_error", "headers")
 
     def refuse(
-        self, status: int, reason: str, message: str, kind: str, param: str | None, retry_after: int | None = None
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        kind: str,
+        param: str | None,
+        retry_after: int | None = None,
+        at_once: bool = False,
     ) -> None:
         """Answer in the service's JSON error shape from the connection itself, after the answers to the requests
         pipelined before this one (HTTP/1.1 answers in order), and close it lingering: closed at once with the
         caller's next bytes unread, the kernel would send a reset, which can cost the caller the answer it has not
-        read yet (docs/reliability.md)."""
+        read yet (docs/reliability.md). at_once: the request under way is the one refused, nothing before it to wait
+        for."""
         self.lingering, self.header_bytes = True, 0
         self.stop_header_clock()
-        if self.cycle is not None and not self.cycle.response_complete:
+        if not at_once and self.cycle is not None and not self.cycle.response_complete:
             self.refusal = partial(self.refuse, status, reason, message, kind, param, retry_after)
             return
         self.refusal = None
