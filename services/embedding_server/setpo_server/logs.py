@@ -37,8 +37,8 @@ class JsonFormatter(logging.Formatter):
 
 def access_line(record: logging.LogRecord) -> bool:
     """uvicorn's access record (client, method, path, version, status), its path cut before the query string (and
-    after MAX_LOGGED_PATH characters) and the caller's name in place of its "-" (as the common log format's user), when a key named one; a probe's line
-    only at DEBUG."""
+    after MAX_LOGGED_PATH characters) and the caller's name in place of its "-" (as the common log format's user),
+    when a key named one; a probe's line only at DEBUG."""
     if not (isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str)):
         return True
     path = record.args[2].split("?", 1)[0]
