@@ -199,7 +199,7 @@ def diversity_payload(
 def answer_problem(result: DiversityResponse, payload: dict) -> str | None:
     """Why an answer cannot be applied to the groups sent, or None: every group answered, each member of it in
     every per-member list (and in `bonus`, which a v1.1 request must get, with each group's `scored`, 0 to its size,
-    and the weight sent), every number finite, squares too (a NaN bonus would reach a trainer's loss, a NaN
+    and the weight sent), and every number finite, squares too (a NaN bonus would reach a trainer's loss, a NaN
     marginal or set score its metrics; a finite 1e308 overflows the step's means)."""
     sizes = [max(len(field) for field in group.values()) for group in payload["groups"]]
     v11 = any(name in payload for name in ("min_reward", "kernel", "normalize")) or any(
