@@ -187,3 +187,22 @@ def test_a_plain_url_is_connected_to_as_given_never_resolved(pods):
 def test_a_wrong_dns_spelling_is_refused_at_construction_saying_how(spelled):
     with pytest.raises(ValueError, match=r"dns:///host:port\[/path\] \(plain http"):
         SetpoClient(spelled)
+
+
+def test_an_address_the_name_adds_makes_the_next_step_ask_info_again(pods, monkeypatch):
+    """A pod an autoscaler adds may run another image or other limits: the client counts it (replica_changes) and the
+    shaper asks /info again before its next step; an address the name drops changes nothing the shaper learned."""
+    monkeypatch.setattr(client_module, "RESOLVE_S", 0.2)
+    answers = [["127.0.0.1"]]
+    with SetpoClient(f"dns:///{NAME}:{pods.port}", resolver=lambda host, port: answers[0]) as client:
+        shaper = SetpoShaper(client, weight=0.3)
+        assert shaper.score(GROUPS[:2]).metrics["setpo/fallback_steps"] == 0 and shaper.info_known()
+        answers[0] = ["127.0.0.1", "127.0.0.2"]
+        time.sleep(0.3)
+        client.diversity([{"texts": GROUPS[0]}])  # the name is resolved again: one address more
+        assert not shaper.info_known()
+        assert shaper.score(GROUPS[:2]).metrics["setpo/fallback_steps"] == 0 and shaper.info_known()
+        answers[0] = ["127.0.0.2"]
+        time.sleep(0.3)
+        client.diversity([{"texts": GROUPS[0]}])  # one address fewer
+        assert client.urls == [pods.urls["127.0.0.2"]] and shaper.info_known()
