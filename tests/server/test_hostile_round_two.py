@@ -16,7 +16,7 @@ import pytest
 from setpo_server.local import LocalServer
 from tests.inprocess import InProcessService
 from tests.metrics import metric
-from tests.raw_http import chunked_embeddings_request, embeddings_request
+from tests.raw_http import chunked_embeddings_head, chunked_embeddings_request, embeddings_request
 from tests.reliability.hostile import HELD_AFTER_MB, resident_mb, resident_mb_once_back
 
 KEY = "round-two-key-77c1"
@@ -217,11 +217,7 @@ def test_a_body_whose_framing_breaks_mid_request_gets_its_400_at_once_and_frees_
     once, and the handler that waited for the rest of the body is told its caller went, not left holding its place
     until SETPO_RECEIVE_TIMEOUT (30 s here) to answer 408."""
     sock = connect(server)
-    head = (
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
-    )
-    sock.sendall(head + b'5\r\n{"inp\r\n')
+    sock.sendall(chunked_embeddings_head(KEY) + b'5\r\n{"inp\r\n')
     server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == 1, timeout=30)
     sock.sendall(b"zz\r\nnot a chunk\r\n")
     head, _, body = read_answer(sock, timeout=10).partition(b"\r\n\r\n")

@@ -53,19 +53,16 @@ async def limit_in_progress(request: Request) -> AsyncIterator[None]:
     as one, and of those at most SETPO_MAX_REQUESTS_PER_CALLER from one caller; the next gets 503 before its body
     is read."""
     state = service(request)
-    limit, who = state.settings.max_concurrent_requests, caller(request)
-    retry = state.batcher.retry_after() if state.batcher is not None else LOADING_RETRY_AFTER
-    if state.in_progress + state.unsent_answers >= limit:
+    limit, who, per_caller = state.settings.max_concurrent_requests, caller(request), places_per_caller(state)
+    busy = state.in_progress + state.unsent_answers >= limit
+    if busy or state.held.get(who, 0) >= per_caller:
+        retry = state.batcher.retry_after() if state.batcher is not None else LOADING_RETRY_AFTER
         message = (
             f"server is busy ({state.in_progress} requests in progress, {state.unsent_answers} answers not yet taken "
             f"by their callers, SETPO_MAX_CONCURRENT_REQUESTS={limit}); retry after {retry} s"
-        )
-        raise ApiError(503, message, "overloaded", retry_after=retry, unread_body=True)
-    per_caller = places_per_caller(state)
-    if state.held.get(who, 0) >= per_caller:
-        message = (
-            f"caller {who!r} holds {state.held[who]} of the service's places (requests in progress and answers not "
-            f"yet taken), SETPO_MAX_REQUESTS_PER_CALLER={per_caller}; retry after {retry} s"
+            if busy
+            else f"caller {who!r} holds {state.held[who]} of the service's places (requests in progress and answers "
+            f"not yet taken), SETPO_MAX_REQUESTS_PER_CALLER={per_caller}; retry after {retry} s"
         )
         raise ApiError(503, message, "overloaded", retry_after=retry, unread_body=True)
     state.in_progress += 1
