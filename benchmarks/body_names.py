@@ -1,10 +1,11 @@
 """What refusing a JSON name given twice costs a body's parse: the service's `admission.parse` (pydantic's parse,
-then the name count, then jiter only where the count cannot tell) against pydantic's parse alone, interleaved
-rounds, paired ratios; and each path's peak of traced memory.
+then a count of the body's colons, then jiter only where the count cannot tell) against pydantic's parse alone,
+interleaved rounds, paired ratios; and each path's peak of traced memory.
 
-Bodies near SETPO_MAX_BODY_BYTES (8 MB): 128 groups x 8 vectors of 384 (the count decides), 1024 groups x 8 ASCII
-texts holding colons (the count decides), and the same texts with a non-ASCII letter each, sent with escapes as
-json.dumps does by default (jiter looks).
+Bodies near SETPO_MAX_BODY_BYTES (8 MB) or 8192 texts: 128 groups x 8 vectors of 384, and 1024 groups x 8 texts
+holding colons, newlines and an escaped non-ASCII letter each, as json.dumps writes them (the count decides both);
+and the same texts with one of them holding a backslash before u003a, which the count takes for an escaped colon
+(jiter looks).
 
     python -m benchmarks.body_names [--rounds 7]
 """
@@ -24,13 +25,13 @@ from setpo_server.schemas import DiversityRequest
 def bodies() -> dict[str, bytes]:
     rng = random.Random(0)
     vectors = [{"embeddings": [[rng.uniform(-1, 1) for _ in range(384)] for _ in range(8)], "rewards": [1.0] * 8}]
-    texts = [[f"Step {i}: {j} * 3 = {3 * j}. " * 12 + f"Answer: {i}" for i in range(8)] for j in range(1024)]
+    texts = [[f"Step {i}: {j} * 3 = {3 * j}.\n" * 12 + f"Answer: {i} é" for i in range(8)] for j in range(1024)]
+    groups = [{"texts": group, "rewards": [1.0] * 8} for group in texts]
+    texts_body = json.dumps({"groups": groups}).encode()
     return {
         "vectors": json.dumps({"groups": vectors * 128}).encode(),
-        "texts": json.dumps({"groups": [{"texts": group, "rewards": [1.0] * 8} for group in texts]}).encode(),
-        "escaped texts": json.dumps(
-            {"groups": [{"texts": [t + " é" for t in group], "rewards": [1.0] * 8} for group in texts]}
-        ).encode(),
+        "texts": texts_body,
+        "texts, \\u003a": texts_body.replace(b"Answer: 0", b"\\\\u003a: 0", 1),
     }
 
 

@@ -94,13 +94,16 @@ CASES = [
         "body",
         'duplicate key "groups"',
     ),
-    (
-        "a name given twice, its colon matched by an escaped one",
-        b'{"weight": 0.1, "weight": 0.2, "groups": [{"texts": ["\\u003a", "b", "c"]}]}',
-        422,
-        "body",
-        'duplicate key "weight"',
-    ),
+    *[
+        (
+            f"a name given twice, its colon matched by an escaped one ({escape[1:]})",
+            b'{"weight": 0.1, "weight": 0.2, "groups": [{"texts": ["%s", "b", "c"]}]}' % escape.encode(),
+            422,
+            "body",
+            'duplicate key "weight"',
+        )
+        for escape in ("\\u003a", "\\u003A")
+    ],
     (
         "a name given twice beside texts holding colons",
         b'{"groups": [{"texts": ["a: 1", "b: 2", "c: 3"], "texts": ["d", "e", "f"]}]}',
@@ -149,7 +152,8 @@ def test_bad_embeddings_request_is_a_clear_400_as_openai_answers(service, what, 
 # Bodies that give each name once, whatever their strings hold: colons, escapes, a name's own spelling, explicit nulls.
 GOOD_BODIES = [
     b'{"groups": [{"texts": ["a: 1", "b:: 2", "c"], "rewards": [1, 0, 1]}]}',
-    b'{"groups": [{"texts": ["caf\\u00e9", "na\\u00efve", "\\u003a"]}]}',
+    b'{"groups": [{"texts": ["caf\\u00e9", "na\\u00efve", "\\u003a\\u003A"]}]}',
+    b'{"groups": [{"texts": ["a\\\\u003a: not an escape", "line\\none", "tab\\t:"]}]}',
     b'{"groups": [{"texts": ["\\"groups\\": 1", "groups", "{\\"texts\\": []}"], "embeddings": null}]}',
     b'{"groups": [{"embeddings": [[1, 0], [0, 1], [1, 1]], "keys": ["x:1", null, "x:1"]}], "kernel": "hybrid"}',
     b'{ "groups" : [ { "texts" : [ "a" , "b" , "c" ] } ] , "weight" : 0.5 }',
