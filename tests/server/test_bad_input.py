@@ -1,5 +1,8 @@
 """Every kind of bad input gets a clear 4xx naming what is wrong; none is a 500; the server keeps serving."""
 
+import gzip
+import json
+
 import httpx
 import pytest
 
@@ -165,6 +168,21 @@ def test_a_body_that_gives_each_name_once_is_served_whatever_its_strings_hold(se
     response = post(service, "/v1/diversity", body)
     assert response.status_code == 200, response.text
     assert len(response.json()["groups"][0]["marginals"]) == 3
+
+
+@pytest.mark.parametrize("path", ["/v1/diversity", "/v1/embeddings"])
+@pytest.mark.parametrize("encoding", ["gzip", "br, gzip"])
+def test_a_compressed_body_is_refused_naming_its_encoding_not_as_bad_json(service, path, encoding):
+    body = {"groups": [OK_GROUP]} if path == "/v1/diversity" else {"input": "hi"}
+    with service.http() as http:
+        sent = {"content-type": "application/json", "content-encoding": encoding}
+        response = http.post(path, content=gzip.compress(json.dumps(body).encode()), headers=sent)
+        assert response.status_code == 415, response.text  # RFC 7694: an unsupported content coding
+        assert response.headers["accept-encoding"] == "identity"
+        error = response.json()["error"]
+        assert f"Content-Encoding {encoding!r}" in error["message"] and error["param"] == "body"
+        identity = {"content-type": "application/json", "content-encoding": "identity"}
+        assert http.post(path, content=json.dumps(body).encode(), headers=identity).status_code == 200
 
 
 def test_unknown_route_and_method_are_json_errors(http):

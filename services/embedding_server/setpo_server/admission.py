@@ -3,8 +3,8 @@ SETPO_MAX_BODY_BYTES and SETPO_RECEIVE_TIMEOUT, and what a request may cost (tex
 
 Data routes read their own body: FastAPI would parse and validate it on the event loop (an 8 MB body of
 numbers holds the loop for a second or more); here it is read within the limits, then parsed by pydantic's
-JSON parser in a worker thread, which lets the loop run meanwhile, and refused if an object gives a name twice. The queue's own bounds (texts, tokens) are
-the batcher's.
+JSON parser in a worker thread, which lets the loop run meanwhile, and refused if an object gives a name twice.
+The queue's own bounds (texts, tokens) are the batcher's.
 """
 
 import asyncio
@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect
 from setpo_server import metrics
 from setpo_server.auth import caller
 from setpo_server.batcher import Batcher
-from setpo_server.errors import LOADING_RETRY_AFTER, ApiError
+from setpo_server.errors import LOADING_RETRY_AFTER, ApiError, echoed
 from setpo_server.settings import Settings
 from setpo_server.state import ServiceState, service
 
@@ -91,9 +91,16 @@ def body_too_large(limit: int) -> ApiError:
 
 
 async def read_body(request: Request, model: type[Body]) -> Body:
-    """The body within SETPO_MAX_BODY_BYTES (413) and SETPO_RECEIVE_TIMEOUT (408), validated in a worker thread."""
+    """The body, uncompressed (415), within SETPO_MAX_BODY_BYTES (413) and SETPO_RECEIVE_TIMEOUT (408), validated
+    in a worker thread."""
     state = service(request)
     settings = state.settings
+    encoding = request.headers.get("content-encoding", "identity")
+    if encoding.strip().lower() != "identity":  # else a compressed body is answered as JSON that does not parse
+        message = f"Content-Encoding {echoed(encoding)} is not supported; send the body uncompressed"
+        refused = ApiError(415, message, "invalid_request_error", "body", unread_body=True)
+        refused.headers["Accept-Encoding"] = "identity"  # RFC 7694: the codings this service reads
+        raise refused
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise body_too_large(settings.max_body_bytes)
