@@ -3,6 +3,7 @@ small leaks. One real server on a socket for every probe that needs one (bytes a
 started under a 256-descriptor limit as a small container would have; the rest in-process."""
 
 import contextlib
+import gzip
 import json
 import socket
 import subprocess
@@ -225,6 +226,20 @@ def test_a_body_whose_framing_breaks_mid_request_gets_its_400_at_once_and_frees_
     assert head.startswith(b"HTTP/1.1 400 "), head
     assert json.loads(body)["error"]["type"] == "invalid_request_error"
     server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == 0, timeout=10)
+
+
+@pytest.mark.parametrize("coding", ["gzip, chunked", "deflate, chunked"])
+def test_a_transfer_coding_the_service_does_not_implement_gets_501_naming_it(server, coding):
+    """RFC 9112 section 6.1: a transfer coding the server does not understand gets 501. httptools undid the chunking,
+    passed the still-compressed bytes on, and they were answered 400 as JSON that does not parse."""
+    body = gzip.compress(b'{"input": "hi"}')
+    request_head = chunked_embeddings_head(KEY).replace(b"chunked", coding.encode(), 1)
+    sock = connect(server)
+    sock.sendall(request_head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+    head, _, answer = read_answer(sock).partition(b"\r\n\r\n")
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 501 "), head
+    assert f"Transfer-Encoding {coding!r}" in json.loads(answer)["error"]["message"]
 
 
 def test_answers_nobody_reads_are_dropped_at_the_write_deadline_and_memory_returns(server):
