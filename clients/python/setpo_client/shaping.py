@@ -641,9 +641,9 @@ def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int)
     keys = payload.get("keys") or []
     if not MIN_GROUP <= size <= max_rows or any(key is not None and len(key) > limits.max_text_chars for key in keys):
         return None
-    if "texts" in payload and size > limits.max_queue_texts:  # one request's texts must fit the service's queue
-        return None
     if "texts" in payload:
+        if size > limits.max_queue_texts:  # one request's texts must fit the service's queue
+            return None
         payload = {**payload, "texts": [text[:chars] for text in payload["texts"]]}
         if len(json_body(payload)) > budget:  # share the body among the texts, by UTF-8 bytes of their JSON
             share = (budget - len(json_body({**payload, "texts": [""] * size}))) // size

@@ -91,16 +91,10 @@ def body_too_large(limit: int) -> ApiError:
 
 
 async def read_body(request: Request, model: type[Body]) -> Body:
-    """The body, uncompressed (415) and at most chunked (501), within SETPO_MAX_BODY_BYTES (413) and
-    SETPO_RECEIVE_TIMEOUT (408), validated in a worker thread."""
+    """The body, uncompressed (415), within SETPO_MAX_BODY_BYTES (413) and SETPO_RECEIVE_TIMEOUT (408), validated
+    in a worker thread."""
     state = service(request)
     settings = state.settings
-    transfer = request.headers.get("transfer-encoding", "chunked")
-    if transfer.strip().lower() != "chunked":  # RFC 9112 6.1; httptools would pass the still-coded bytes on
-        message = (
-            f"Transfer-Encoding {echoed(transfer)} is not implemented; send the body chunked or with Content-Length"
-        )
-        raise ApiError(501, message, "invalid_request_error", "body", unread_body=True)
     encoding = request.headers.get("content-encoding", "identity")
     if encoding.strip().lower() != "identity":  # else a compressed body is answered as JSON that does not parse
         message = f"Content-Encoding {echoed(encoding)} is not supported; send the body uncompressed"

@@ -14,7 +14,7 @@ from setpo_server.schemas import DiversityRequest, EmbeddingsRequest, ErrorRespo
 
 # The error answers a route declares: each has the ErrorResponse body.
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 415, 422, 429, 501, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 415, 422, 429, 503)
 }
 
 

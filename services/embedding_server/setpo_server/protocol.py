@@ -12,10 +12,10 @@ uvicorn bounds none of these itself (docs/reliability.md has each probe and its 
   refused in words, where running out of descriptors would refuse /health in silence;
 - answers nobody reads: an answer still unsent SETPO_WRITE_TIMEOUT after the socket stopped taking it is dropped
   with its connection, and the memory it held goes back to the OS;
-- refusals (400 for bytes that are not HTTP, 408, 431, 503: each in the service's JSON error shape) come after the
-  answers to the requests pipelined before them, and close lingering, as nginx's lingering_close: what the caller
-  still sends is read and dropped for up to `linger` seconds and a header's worth of bytes, so that its answer is not
-  lost to a reset.
+- refusals (400 for bytes that are not HTTP, 408, 431, 501 for a transfer coding but chunked, 503: each in the
+  service's JSON error shape) come after the answers to the requests pipelined before them, and close lingering, as
+  nginx's lingering_close: what the caller still sends is read and dropped for up to `linger` seconds and a header's
+  worth of bytes, so that its answer is not lost to a reset.
 """
 
 import asyncio
@@ -112,11 +112,11 @@ class BoundedProtocol(HttpToolsProtocol):
         answer is, the service's JSON error. A body broken mid-request is answered at once, as uvicorn did, and its
         handler told its caller went: else it would wait for the rest until SETPO_RECEIVE_TIMEOUT, holding its place."""
         message = f"{msg} The request line, a header or the body's framing is not HTTP/1.1."
-        under_way = self.cycle is not None and self.cycle.more_body and not self.cycle.response_started
-        if under_way:
-            assert self.cycle is not None
-            self.cycle.disconnected = True
-            self.cycle.message_event.set()
+        cycle = self.cycle
+        under_way = cycle is not None and cycle.more_body and not cycle.response_started
+        if cycle is not None and under_way:
+            cycle.disconnected = True
+            cycle.message_event.set()
         self.refuse(400, "Bad Request", message, "invalid_request_error", None, at_once=under_way)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
@@ -148,6 +148,13 @@ class BoundedProtocol(HttpToolsProtocol):
         if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > self.max_header_bytes:
             self.headers_too_large()
             raise httptools.HttpParserCallbackError("refused: 431")  # stops the parse; the rest is dropped
+        codings = b", ".join(value for name, value in self.headers if name == b"transfer-encoding").decode("latin-1")
+        if codings.replace(" ", "").lower() not in ("", "chunked"):  # httptools would pass the still-coded bytes on
+            message = (
+                f"Transfer-Encoding {codings[:100]!r} is not implemented; send the body chunked or with Content-Length"
+            )
+            self.refuse(501, "Not Implemented", message, "invalid_request_error", "headers")  # RFC 9112 section 6.1
+            raise httptools.HttpParserCallbackError("refused: 501")
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
