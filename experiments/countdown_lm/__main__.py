@@ -6,6 +6,8 @@ kept v2 run replayed with today's code (v2's runs are reused only if it writes t
 form on validation beside the scoped embedding form, the best keyless form, the scoped embedding form, GRPO and
 v2's keyed form on the test split, and report-v3. Every run's results are written under --out and a run already
 there is skipped, so an interrupted experiment resumes where it stopped (make experiment starts from scratch).
+Then experiment v4 (issue 62, coverage) under --out/v4: the coverage-keeping bases, SetPO's keyless form re-sharing
+their push, replay, on n = 128 samples a puzzle (`--only v4` runs it alone: it needs v2's data and base model only).
 
     python -m experiments.countdown_lm --out out/countdown_lm [--quick] [--jobs 2] [--setpo-url URL] [--figures docs/figures]
 """
@@ -19,6 +21,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 # One arithmetic on every x86 CPU: torch, MKL and oneDNN pick kernels by the CPU's instructions, and on an AVX-512
@@ -37,7 +40,7 @@ for _name, _value in ARITHMETIC.items():
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from experiments.countdown_lm import arms, corpus, job, puzzles, report  # noqa: E402
+from experiments.countdown_lm import arms, corpus, coverage, job, puzzles, report  # noqa: E402
 from experiments.countdown_lm.arms import Config  # noqa: E402
 from experiments.countdown_lm.plan import FULL, QUICK, Plan  # noqa: E402
 
@@ -49,6 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each a process with one torch thread")
     parser.add_argument("--setpo-url", help="a running setpo service (default: start one on 127.0.0.1 for the run)")
     parser.add_argument("--figures", type=Path, help="also copy the plots here (make experiment: docs/figures)")
+    parser.add_argument("--only", choices=["v4"], help="run this experiment alone (its data and base model first)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the service this run started is stopped
     plan = QUICK if args.quick else FULL
@@ -75,9 +79,11 @@ def main(argv: list[str] | None = None) -> dict:
     service = nullcontext() if args.setpo_url else local_service()
     with service as running:
         url = args.setpo_url or running.url
+        if args.only == "v4":
+            return {"v4": coverage_experiment(args, plan, url)}
         stage("the base model on validation and test")
         for name in ("validation", "test"):
-            evaluate_base(args.out, plan, name)
+            evaluate_base(args.out, plan, name, plan.samples)
 
         first = arms.phase_one(plan)
         stage(f"validation, phase one: {len(first)} configs x seeds {plan.validation_seeds}")
@@ -105,8 +111,9 @@ def main(argv: list[str] | None = None) -> dict:
         )  # fmt: skip
         print(report.test_table(results))
         v3 = keyless(args, plan, url, chosen["best_scoped_form"], started)
-    print(f"\ndone in {(time.perf_counter() - started) / 60:.1f} min; wrote {args.out / 'report'} and report-v3")
-    return {**results, "v3": v3}
+        v4 = coverage_experiment(args, plan, url)
+    print(f"\ndone in {(time.perf_counter() - started) / 60:.1f} min; wrote {args.out / 'report'}, report-v3, v4")
+    return {**results, "v3": v3, "v4": v4}
 
 
 def keyless(args: argparse.Namespace, plan: Plan, url: str, keyed: Config, started: float) -> dict:
@@ -155,6 +162,37 @@ def keyless(args: argparse.Namespace, plan: Plan, url: str, keyed: Config, start
     return results
 
 
+def coverage_experiment(args: argparse.Namespace, plan: Plan, url: str) -> dict:
+    """Experiment v4 under --out/v4 (v2's data and base model): the base model at n = plan.coverage_samples, every
+    arm of arms.coverage on validation (pass@1 and pass@64 every plan.curve_every steps), replay on the best combined
+    form, then the winner, the best single base, v3's keyless form and GRPO on plan.coverage_test_seeds, and
+    report-v4. The rule (coverage.best) and every arm were fixed in code before its first run."""
+    root = args.out / "v4"
+    root.mkdir(exist_ok=True)
+    for shared in ("data", "base"):
+        if not (root / shared).exists():
+            (root / shared).symlink_to(Path("..") / shared)
+    print(f"\n== v4: the base model at n = {plan.coverage_samples}", flush=True)
+    for name in ("validation", "test"):
+        evaluate_base(root, plan, name, plan.coverage_samples)
+    configs = arms.coverage(plan)
+    print(f"\n== v4 validation: {len(configs)} configs x seeds {plan.validation_seeds}", flush=True)
+    run_all(args, plan, url, [(c, s, "validation") for c in configs for s in plan.validation_seeds], root, True)
+    chosen = coverage.choose(coverage.validation_rows(root, configs, plan))
+    configs.append(replace(chosen["combined"]["config"], replay=True))
+    print(f"\n== v4 validation: {configs[-1].name} (replay on the best combined form)", flush=True)
+    run_all(args, plan, url, [(configs[-1], s, "validation") for s in plan.validation_seeds], root, True)
+    rows = coverage.validation_rows(root, configs, plan)
+    chosen = coverage.choose(rows)
+    picked = [arms.GRPO, chosen["winner"]["config"], chosen["single_base"]["config"], arms.KEYLESS]
+    finalists = list({c.name: c for c in picked}.values())
+    print(f"\n== v4 test: {', '.join(c.name for c in finalists)} x seeds {plan.coverage_test_seeds}", flush=True)
+    run_all(args, plan, url, [(c, s, "test") for c in finalists for s in plan.coverage_test_seeds], root, True)
+    results = coverage.write(root, plan, rows, chosen, finalists, args.figures)
+    print(coverage.test_table(results))
+    return results
+
+
 def local_service():
     from setpo_server.local import LocalServer
 
@@ -162,28 +200,31 @@ def local_service():
     return LocalServer(threads=1, dtype="float32")
 
 
-def evaluate_base(out: Path, plan: Plan, split: str) -> None:
+def evaluate_base(out: Path, plan: Plan, split: str, samples: int) -> None:
     from experiments.countdown_lm.evaluate import evaluate
 
     where = out / "eval" / f"base-{split}"
     if not (where / "summary.json").exists():
-        evaluate(
-            out / "base", out / "data" / f"{split}.jsonl", where, "base", plan.samples, plan.max_new_tokens, 0, None
-        )
+        evaluate(out / "base", out / "data" / f"{split}.jsonl", where, "base", samples, plan.max_new_tokens, 0, None)
 
 
 def run_all(
-    args: argparse.Namespace, plan: Plan, url: str, runs: list[tuple[Config, int, str]], root: Path | None = None
+    args: argparse.Namespace,
+    plan: Plan,
+    url: str,
+    runs: list[tuple[Config, int, str]],
+    root: Path | None = None,
+    coverage: bool = False,
 ) -> None:
     """Every run not yet done under root (default --out): in this process one at a time (--jobs 1), else as --jobs
     processes with one thread each, a progress bar over the runs and a line as each one ends (its log: the run's
-    directory, log.txt)."""
+    directory, log.txt). coverage: experiment v4's evaluation (job.run)."""
     out = root or args.out
     todo = [run for run in runs if not job.is_done(out, *run)]
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already done", flush=True)
     if args.jobs == 1:
         for config, seed, split in todo:
-            job.run(out, plan, config, seed, split, url)
+            job.run(out, plan, config, seed, split, url, coverage)
         return
 
     def in_a_process(run: tuple[Config, int, str]) -> str:
@@ -193,6 +234,7 @@ def run_all(
         command = [sys.executable, "-m", "experiments.countdown_lm.job", "--out", str(out), "--seed", str(seed)]
         command += ["--config", json.dumps(config.as_dict()), "--split", split, "--url", url]
         command += ["--quick"] if args.quick else []
+        command += ["--coverage"] if coverage else []
         began = time.perf_counter()
         with (where / "log.txt").open("a") as log:
             env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -26,8 +26,11 @@ def is_done(out: Path, config: Config, seed: int, split: str) -> bool:
     return (run_dir(out, config, seed) / f"eval-{split}" / "summary.json").exists()
 
 
-def run(out: Path, plan: Plan, config: Config, seed: int, split: str, url: str) -> dict:
-    """Train (unless trained) and evaluate on `split` (unless evaluated); the run's train and eval summaries."""
+def run(out: Path, plan: Plan, config: Config, seed: int, split: str, url: str, coverage: bool = False) -> dict:
+    """Train (unless trained) and evaluate on `split` (unless evaluated); the run's train and eval summaries.
+    coverage (experiment v4): plan.coverage_samples per puzzle, and on validation every plan.curve_every steps'
+    checkpoint evaluated too (eval-validation-step<N>), before the final policy, so a run whose final evaluation is
+    written is done whole."""
     from experiments.countdown_lm.evaluate import evaluate
     from experiments.countdown_lm.rl import train
 
@@ -37,11 +40,18 @@ def run(out: Path, plan: Plan, config: Config, seed: int, split: str, url: str) 
         summary = json.loads(trained.read_text())
     else:
         data = [row for _, row in read_jsonl(out / "data" / "train.jsonl")]  # written by __main__'s data stage
-        summary = train(out / "base", where, data, url, config, seed, plan.rl, f"{config.name} seed {seed}")
+        every = plan.curve_every if coverage and split == "validation" else 0
+        label = f"{config.name} seed {seed}"
+        summary = train(out / "base", where, data, url, config, seed, plan.rl, label, every)
     evaluated = where / f"eval-{split}"
+    samples = plan.coverage_samples if coverage else plan.samples
+    split_file = out / "data" / f"{split}.jsonl"
     if not (evaluated / "summary.json").exists():
-        split_file = out / "data" / f"{split}.jsonl"
-        evaluate(where / "model", split_file, evaluated, config.name, plan.samples, plan.max_new_tokens, seed, None)
+        for step in sorted((where / "steps").glob("step-*"), key=lambda path: int(path.name.split("-")[1])):
+            curve = where / f"eval-{split}-{step.name.replace('-', '')}"
+            if not (curve / "summary.json").exists():
+                evaluate(step, split_file, curve, config.name, samples, plan.max_new_tokens, seed, None)
+        evaluate(where / "model", split_file, evaluated, config.name, samples, plan.max_new_tokens, seed, None)
     return {"train": summary, "eval": json.loads((evaluated / "summary.json").read_text())}
 
 
@@ -53,12 +63,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", choices=["validation", "test"], required=True)
     parser.add_argument("--url", required=True, help="the setpo service")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--coverage", action="store_true", help="experiment v4's evaluation protocol")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # two runs share two cores
     for noisy in ("httpx", "setpo_eval"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     fields = {k: v for k, v in json.loads(args.config).items() if k != "name"}
-    run(args.out, QUICK if args.quick else FULL, Config(**fields), args.seed, args.split, args.url)
+    run(args.out, QUICK if args.quick else FULL, Config(**fields), args.seed, args.split, args.url, args.coverage)
 
 
 if __name__ == "__main__":

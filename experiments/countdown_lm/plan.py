@@ -53,6 +53,14 @@ class Plan:
     rl: RLSettings = RLSettings()
     samples: int = 64  # n per puzzle in evaluation: pass@k for k = 1..64
     max_new_tokens: int = 48
+    # experiment v4 (issue 62, coverage), fixed before any of its runs: n = 128 samples per puzzle (unbiased pass@k up
+    # to k = 64), validation pass@1 and pass@64 of every checkpoint `curve_every` steps apart, the combined form at two
+    # weights (w_i = max(0, 1 + lambda z_i): 0.5 moves the push by about half a spread, 1 drops the least distinct
+    # answers' push to 0), replay on the best combined form, eight test seeds none of which chose anything
+    coverage_samples: int = 128
+    curve_every: int = 50
+    reshare_weights: tuple[float, ...] = (0.5, 1.0)
+    coverage_test_seeds: tuple[int, ...] = (100, 101, 102, 103, 104, 105, 106, 107)
 
 
 FULL = Plan()
@@ -73,4 +81,8 @@ QUICK = replace(
     test_seeds=(0,),
     rl=RLSettings(steps=3, prompts_per_step=2),
     samples=8,
+    coverage_samples=8,
+    curve_every=2,
+    reshare_weights=(0.5,),
+    coverage_test_seeds=(0,),
 )

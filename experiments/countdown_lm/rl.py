@@ -11,7 +11,7 @@ from statistics import median
 
 import torch
 from datasets import Dataset
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import ProgressCallback, TrainerCallback
 from trl import GRPOConfig
 
 from experiments.countdown_lm.arms import Config
@@ -43,6 +43,42 @@ class QuietProgress(ProgressCallback):
 def countdown(completions, numbers, target, **kwargs) -> list[float]:
     """The project's scorer: 1 for a correct expression, 0.1 for a formatted wrong one, 0 without an answer."""
     return [countdown_reward(c, list(n), t) for c, n, t in zip(completions, numbers, target)]
+
+
+def countdown_pass(completions, numbers, target, **kwargs) -> list[float]:
+    """Pass/fail: 1 for a correct expression, else 0 (the reward MaxRL and W-REINFORCE are defined for)."""
+    return [float(r == 1.0) for r in countdown(completions, numbers, target)]
+
+
+def focal(gamma: float, generations: int):
+    """F-GRPO (arXiv 2602.06717): GRPO's advantage times (1 - p)^gamma, p the group's success rate. Under Dr. GRPO's
+    advantage r - mean(r), scaling a group's rewards by a factor scales its advantages by it, so the factor goes on
+    the rewards: a prompt the policy already solves is pushed less."""
+
+    def reward(completions, numbers, target, **kwargs) -> list[float]:
+        rewards = countdown(completions, numbers, target)
+        for start in range(0, len(rewards), generations):  # TRL puts a prompt's G completions side by side
+            group = rewards[start : start + generations]
+            factor = (1 - sum(r == 1.0 for r in group) / len(group)) ** gamma
+            rewards[start : start + generations] = [r * factor for r in group]
+        return rewards
+
+    reward.__name__ = "countdown_focal"
+    return reward
+
+
+class Checkpoints(TrainerCallback):
+    """The policy every `every` steps (before the last), model and tokenizer, under out/steps/step-N: experiment v4
+    evaluates each on validation after training, so the runs' randomness is not touched."""
+
+    def __init__(self, out: Path, every: int, tokenizer):
+        self.out, self.every, self.tokenizer = out, every, tokenizer
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every and state.global_step % self.every == 0 and state.global_step < state.max_steps:
+            where = self.out / "steps" / f"step-{state.global_step}"
+            model.save_pretrained(where)
+            self.tokenizer.save_pretrained(where)
 
 
 def unlikeliness(rank_penalty: float, generations: int, trainer_of: dict):
@@ -92,9 +128,10 @@ def train(
     seed: int,
     settings: RLSettings,
     label: str = "RL",
+    checkpoint_every: int = 0,
 ) -> dict:
-    """Trains `base` for settings.steps steps with the arm's settings and saves the policy to out/model; returns the
-    run's summary."""
+    """Trains `base` for settings.steps steps with the arm's settings and saves the policy to out/model (and every
+    checkpoint_every steps to out/steps/step-N, when given); returns the run's summary."""
     dataset = Dataset.from_list(
         [{"prompt": p["prompt"], "numbers": p["numbers"], "target": p["target"]} for p in puzzles]
     )
@@ -120,13 +157,20 @@ def train(
         bf16=False,
         gradient_checkpointing=False,
     )
+    if config.replay:
+        raise NotImplementedError("replay is not built yet")  # TODO(v4): the replay bank
     controller = None
     if config.target_ratio is not None:  # lambda in [0.01, 5] x the first one; the EMA over ~10 steps
         controller = WeightController(config.target_ratio, 0.01 * config.weight, 5.0 * config.weight, ema=0.9)
     trainer_of: dict = {}
-    reward = (
-        countdown if not config.rank_penalty else unlikeliness(config.rank_penalty, settings.generations, trainer_of)
-    )
+    if config.rank_penalty:
+        reward = unlikeliness(config.rank_penalty, settings.generations, trainer_of)
+    elif config.focal:
+        reward = focal(config.focal, settings.generations)
+    elif config.advantage != "framework":
+        reward = countdown_pass
+    else:
+        reward = countdown
     with SetpoClient(url) as client:
         trainer = SetpoGRPOTrainer(
             model=str(base),
@@ -142,10 +186,14 @@ def train(
             setpo_normalize=config.normalize,  # type: ignore[arg-type]
             setpo_controller=controller,
             setpo_embed_span=config.embed_span,
+            setpo_advantage=config.advantage,
+            setpo_positive_weight=config.positive_weight,
+            setpo_combine=config.combine,
         )
         trainer_of["trainer"] = trainer
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(QuietProgress(label))
+        trainer.add_callback(Checkpoints(out, checkpoint_every, trainer.processing_class))
         started = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - started

@@ -68,3 +68,26 @@ def zscores(values: list[float], scored: list[bool]) -> list[float]:
     mean = math.fsum(chosen) / len(chosen)
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in chosen) / (len(chosen) - 1))
     return [(v - mean) / (std + 1e-6) if keep else 0.0 for v, keep in zip(values, scored)]
+
+
+# Bases that keep coverage, and the re-shared combination (setpo_core.advantages), by their definitions, one group at
+# a time.
+
+
+def maxrl(rewards: list[float]) -> list[float]:
+    rate = math.fsum(rewards) / len(rewards)
+    return [0.0] * len(rewards) if rate in (0.0, 1.0) else [(r - rate) / rate for r in rewards]
+
+
+def w_reinforce(rewards: list[float], positive_weight: float) -> list[float]:
+    return [positive_weight if r == 1 else -1.0 for r in rewards]
+
+
+def reshared(advantages: list[float], bonus: list[float]) -> list[float]:
+    positive = [i for i, a in enumerate(advantages) if a > 0]
+    weights = {i: max(0.0, 1.0 + bonus[i]) for i in positive}
+    shared = math.fsum(advantages[i] * weights[i] for i in positive)
+    if shared == 0:
+        return list(advantages)
+    scale = math.fsum(advantages[i] for i in positive) / shared
+    return [a * weights[i] * scale if i in weights else a for i, a in enumerate(advantages)]

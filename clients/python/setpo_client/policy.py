@@ -19,20 +19,26 @@ from setpo_client.weight import WeightController
 
 KERNELS = ("embedding", "hybrid", "key")
 NORMALIZATIONS = ("none", "zscore")
+ADVANTAGES = ("framework", "maxrl", "w_reinforce")  # the base: the framework's own, or one of setpo_core.advantages
+COMBINATIONS = ("add", "reshare")
 # WeightController's knobs: they steer lambda, so they mean nothing without target_ratio
 CONTROLLER_SETTINGS = ("min_weight", "max_weight", "weight_ema", "warmup_steps", "freeze_after")
 
 
 def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = str) -> dict[str, Any]:
-    """SetpoShaper's policy arguments (min_reward, key, kernel, normalize, embed_span, controller) from settings named
-    weight, min_reward, key (a key function or its name), kernel, normalize, embed_span, target_ratio and
-    CONTROLLER_SETTINGS; absent or None: the paper's form and WeightController's defaults. A value SetpoShaper or WeightController would not
+    """SetpoShaper's policy arguments (min_reward, key, kernel, normalize, embed_span, controller, advantage,
+    positive_weight, combine) from settings named weight, min_reward, key (a key function or its name), kernel,
+    normalize, embed_span, target_ratio, CONTROLLER_SETTINGS, advantage, positive_weight and combine; absent or None:
+    the paper's form on the framework's advantage and WeightController's defaults. A value SetpoShaper or WeightController would not
     take is refused (ValueError), and so is one that would be silently unused: a key the kernel ignores, a
     controller knob without target_ratio, a controller asked to steer a lambda of 0."""
     kernel, key, min_reward = settings.get("kernel") or "embedding", settings.get("key"), settings.get("min_reward")
     normalize, embed_span = settings.get("normalize") or "none", settings.get("embed_span") or None
     check_form(kernel, normalize, min_reward, spell)
     check_span(embed_span, kernel, spell)
+    advantage, combine = settings.get("advantage") or "framework", settings.get("combine") or "add"
+    positive_weight = 0.1 if settings.get("positive_weight") is None else settings["positive_weight"]
+    check_combination(advantage, combine, normalize, positive_weight, spell)
     if isinstance(key, str):
         try:
             key = load_key(key)  # loaded now: a typo stops the start
@@ -51,6 +57,9 @@ def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = 
         "normalize": normalize,
         "embed_span": embed_span,
         "controller": weight_controller(settings, spell),
+        "advantage": advantage,
+        "positive_weight": positive_weight,
+        "combine": combine,
     }
 
 
@@ -62,6 +71,23 @@ def check_form(kernel: str, normalize: str, min_reward: float | None, spell: Cal
         raise ValueError(f"{spell('normalize')} must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     if min_reward is not None and not math.isfinite(min_reward):
         raise ValueError(f"{spell('min_reward')} must be a finite number, got {min_reward}")
+
+
+def check_combination(
+    advantage: str, combine: str, normalize: str, positive_weight: float, spell: Callable[[str], str] = str
+) -> None:
+    """The base and how the bonus combines with it (SetpoShaper calls this too): re-sharing turns the bonus into
+    weights 1 + lambda * z, so it needs z-scored marginals; positive_weight is W-REINFORCE's lambda."""
+    if advantage not in ADVANTAGES:
+        raise ValueError(f"{spell('advantage')} must be one of {', '.join(ADVANTAGES)}, got {advantage!r}")
+    if combine not in COMBINATIONS:
+        raise ValueError(f"{spell('combine')} must be one of {', '.join(COMBINATIONS)}, got {combine!r}")
+    if combine == "reshare" and normalize != "zscore":
+        raise ValueError(
+            f"{spell('combine')}=reshare weighs members by 1 + lambda * z-scored marginal: set {spell('normalize')}=zscore"
+        )
+    if not (math.isfinite(positive_weight) and positive_weight > 0):
+        raise ValueError(f"{spell('positive_weight')} must be a finite number > 0, got {positive_weight}")
 
 
 def check_span(embed_span: str | None, kernel: str, spell: Callable[[str], str] = str) -> None:

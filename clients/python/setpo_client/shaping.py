@@ -23,6 +23,14 @@ The diversity policy (contract v1.1; docs/diversity.md says how to choose it for
 - the weight: `weight` fixed, or steered by a WeightController to a target ratio of the bonus's RMS to the
   advantage's RMS (logged every step as setpo/weight).
 
+The base and the combination (docs/diversity.md, "Bases that keep coverage"; the math: setpo_core.advantages):
+- `advantage`: 'framework' (the advantages the caller passes, the framework's own), or 'maxrl' / 'w_reinforce'
+  (computed here from the step's pass/fail rewards; `positive_weight` is W-REINFORCE's lambda); a reward that is
+  neither 0 nor 1 is refused (ValueError) at submit;
+- `combine`: 'add' (the paper: A + bonus) or 'reshare' (the bonus re-shares the base's positive advantages among
+  a group's members, the group's total push unchanged; needs normalize='zscore'). The step's `advantages` are the
+  result, whatever the service did: on a fallback step or for an unscored group the bonus is 0, so they are the base's.
+
 The degrade policy, for every integration:
 - a group with fewer than 3 scorable members, or more than the service takes (max_group_size,
   max_request_rows, max_response_bytes; its texts, max_queue_texts), gets bonus 0 and is counted
@@ -57,8 +65,8 @@ from typing import Literal
 
 from setpo_client.client import SetpoClient, json_body
 from setpo_client.errors import SetpoAPIError, SetpoError
-from setpo_client.policy import check_form, check_span, check_steerable
-from setpo_client.types import GroupResult, Info, Kernel, Limits, Normalize
+from setpo_client.policy import check_combination, check_form, check_span, check_steerable
+from setpo_client.types import Advantage, Combine, GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client")
@@ -93,15 +101,24 @@ class PendingStep:
     submit_s: float = 0.0  # the caller's time from `started` to submit's return
     work_s: float = 0.0  # the work's own time on its thread, set when it ends, answered or failed
 
-    def result(self, advantages: Sequence[Sequence[float]] | None = None, since: float | None = None) -> "ShapedStep":
+    def result(
+        self,
+        advantages: Sequence[Sequence[float]] | None = None,
+        since: float | None = None,
+        rewards: Sequence[Sequence[float]] | None = None,
+    ) -> "ShapedStep":
         """The step shaped, once: waits for its answers (see SetpoShaper.submit); advantages as for score(). since:
-        when the caller's own SetPO work before this call began (reading the step back), counted as blocked."""
-        return self.shaper.collect(self, advantages, since)
+        when the caller's own SetPO work before this call began (reading the step back), counted as blocked. rewards:
+        the step's, for a base computed here (advantage='maxrl' | 'w_reinforce') when submit was not given them."""
+        return self.shaper.collect(self, advantages, since, rewards)
 
 
 @dataclass
 class ShapedStep:
-    bonus: list[list[float]]  # what to add to each member's advantage; 0 for unscored members, groups and fallbacks
+    bonus: list[list[float]]  # the service's bonus per member; 0 for unscored members, groups and fallbacks
+    # each member's advantage to train on: the base (the caller's advantages, or the one `advantage` names) combined
+    # with the bonus; None when the base is the framework's and the caller passed no advantages
+    advantages: list[list[float]] | None
     marginals: list[list[float] | None] | None  # raw scoped s_i of each scored group's members sent; None on fallback
     metrics: dict[str, float]  # "setpo/..." names, see SetpoShaper.score
 
@@ -129,6 +146,9 @@ class SetpoShaper:
         step_timeout: float | None = None,
         embed_span: str | None = None,
         in_flight: int | None = None,
+        advantage: Advantage = "framework",
+        positive_weight: float = 0.1,
+        combine: Combine = "add",
     ):
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"weight (lambda) must be a finite number >= 0, got {weight}")
@@ -136,6 +156,7 @@ class SetpoShaper:
             raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
         check_form(kernel, normalize, min_reward)
         check_span(embed_span, kernel)
+        check_combination(advantage, combine, normalize, positive_weight)
         if in_flight is not None and in_flight < 1:
             raise ValueError(f"in_flight must be >= 1 (requests in flight at once), got {in_flight}")
         if controller is not None:
@@ -145,6 +166,7 @@ class SetpoShaper:
         self.client, self.weight, self.on_error, self.max_chars = client, weight, on_error, max_chars
         self.min_reward, self.key, self.kernel, self.normalize = min_reward, key, kernel, normalize
         self.controller, self.in_flight = controller, in_flight
+        self.advantage, self.positive_weight, self.combine = advantage, positive_weight, combine
         self.embed_span = None if embed_span is None else re.compile(embed_span, re.DOTALL)
         # one budget for a step's requests, retries and waits included (default: the client's timeout)
         timeout = client.timeout if isinstance(client.timeout, int | float) else client.timeout.read
@@ -255,6 +277,8 @@ class SetpoShaper:
         start = time.perf_counter() if started is None else started
         if self.min_reward is not None and rewards is None:
             raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
+        if rewards is not None and self.advantage != "framework":  # refused now, not after the step's requests
+            base_advantages(self.advantage, rewards, self.positive_weight)
         if self.pending is not None:
             self.drop(self.pending)
         members = [list(group) for group in groups]
@@ -304,10 +328,14 @@ class SetpoShaper:
             step.work_s = time.perf_counter() - began
 
     def collect(
-        self, step: "PendingStep", advantages: Sequence[Sequence[float]] | None, since: float | None = None
+        self,
+        step: "PendingStep",
+        advantages: Sequence[Sequence[float]] | None,
+        since: float | None = None,
+        rewards: Sequence[Sequence[float]] | None = None,
     ) -> ShapedStep:
         """PendingStep.result: waits for the step's answers, then applies the fault policy, puts the bonus back
-        onto the members, steps the controller and times the step."""
+        onto the members, combines it with the base, steps the controller and times the step."""
         if step is not self.pending:
             raise RuntimeError("this step's SetPO scoring was collected already, or dropped for a later step's")
         self.pending = None
@@ -332,7 +360,14 @@ class SetpoShaper:
             found[index] = result.marginals
         marginals = None if failed or weight == 0 else found  # None: nothing was asked of the service
 
-        self.unscored_groups += counts["unscored"]  # 6. metrics, the controller's next lambda, the step's time
+        rewards = step.rewards if rewards is None else rewards  # 6. the base, and the bonus combined with it
+        if self.advantage != "framework":
+            if rewards is None:
+                raise ValueError(f"advantage={self.advantage!r} is computed from the step's rewards: pass them")
+            advantages = base_advantages(self.advantage, rewards, self.positive_weight)
+        shaped = None if advantages is None else combined(advantages, bonus, self.combine)
+
+        self.unscored_groups += counts["unscored"]  # 7. metrics, the controller's next lambda, the step's time
         metrics = self.step_metrics(
             groups, scorable, step.rewards, advantages, bonus, answered, counts, weight, marginals
         )
@@ -347,7 +382,7 @@ class SetpoShaper:
         if self.previous_start is not None:  # a whole training step: from the previous step's start to now
             metrics["setpo/time_share"] = metrics["setpo/wait_s"] / (now - self.previous_start)
         self.previous_start = step.started
-        return ShapedStep(bonus, marginals, metrics)
+        return ShapedStep(bonus, shaped, marginals, metrics)
 
     def drop(self, step: "PendingStep") -> None:
         """An uncollected step, before the next one starts: its thread is waited for (bounded by its deadline) and
@@ -557,6 +592,45 @@ class SetpoShaper:
             metrics["setpo/set_score_mean"] = fmean(result.set_score for _, result in scored)
             metrics["setpo/saturation"] = fmean(result.saturation for _, result in scored)
         return metrics
+
+
+def base_advantages(
+    advantage: Advantage, rewards: Sequence[Sequence[float]], positive_weight: float
+) -> list[list[float]]:
+    """Each member's advantage under a base computed from pass/fail rewards (setpo_core.advantages), groups of any
+    size; a NaN reward (no reward function scored the member) gets 0 and is not counted in its group's success rate.
+    ValueError for a reward that is neither 0 nor 1."""
+    import torch  # setpo-core's own dependency: only this path of the client needs it
+
+    from setpo_core.advantages import maxrl_advantages, w_reinforce_advantages
+
+    width = max((len(group) for group in rewards), default=0)
+    padded = torch.zeros(len(rewards), width, dtype=torch.float64)  # (B, G)
+    mask = torch.zeros(len(rewards), width, dtype=torch.bool)  # (B, G)
+    for b, group in enumerate(rewards):
+        row = torch.tensor([float(r) for r in group], dtype=torch.float64)
+        padded[b, : len(group)], mask[b, : len(group)] = row.nan_to_num(0.0), ~row.isnan()
+    if advantage == "maxrl":
+        values = maxrl_advantages(padded, mask)
+    else:
+        values = w_reinforce_advantages(padded, mask, positive_weight)
+    return [values[b, : len(group)].tolist() for b, group in enumerate(rewards)]
+
+
+def combined(advantages: Sequence[Sequence[float]], bonus: list[list[float]], combine: Combine) -> list[list[float]]:
+    """The advantages to train on: base + bonus ('add', the paper's), or the base's positive advantages re-shared by
+    the bonus ('reshare', setpo_core.advantages.reshared_advantages), group by group."""
+    if combine == "add":
+        return [[float(a) + b for a, b in zip(group, extra)] for group, extra in zip(advantages, bonus)]
+    import torch
+
+    from setpo_core.advantages import reshared_advantages
+
+    shaped = []
+    for group, extra in zip(advantages, bonus):
+        base = torch.tensor([[float(a) for a in group]], dtype=torch.float64)  # (1, G)
+        shaped.append(reshared_advantages(base, torch.tensor([extra], dtype=torch.float64))[0].tolist())
+    return shaped
 
 
 def fit_step(

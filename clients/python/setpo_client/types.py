@@ -31,6 +31,8 @@ NEWER_SERVER_FIELDS = {
 }
 Kernel = Literal["embedding", "hybrid", "key"]
 Normalize = Literal["none", "zscore"]
+Advantage = Literal["framework", "maxrl", "w_reinforce"]  # SetpoShaper's base (setpo_client.policy.ADVANTAGES)
+Combine = Literal["add", "reshare"]
 
 
 class _Request(BaseModel):

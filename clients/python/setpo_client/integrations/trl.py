@@ -12,6 +12,12 @@ its name, e.g. "countdown_expression"), setpo_kernel "embedding" | "hybrid" | "k
 r"<answer>(.*?)</answer>"), and setpo_controller=WeightController(target_ratio=...) steers lambda (setpo_weight is then the first
 step's) so the bonus is that share of TRL's advantages.
 
+The base and the combination (docs/diversity.md, "Bases that keep coverage"): setpo_advantage "framework" (TRL's own
+advantages, per its loss_type and scale_rewards) | "maxrl" | "w_reinforce" (computed from TRL's reward, which must then
+be pass/fail: 0 or 1; setpo_positive_weight is W-REINFORCE's lambda, 0.1), and setpo_combine "add" (the paper's
+A + bonus) | "reshare" (the bonus re-shares the base's positive advantages; with setpo_normalize="zscore"). With
+setpo_weight=0 the base alone trains: MaxRL or W-REINFORCE inside TRL's GRPO loss.
+
 Several replicas of the service: SetpoClient("http://a:8000,http://b:8000") (or SETPO_URL so spelled); a step's
 requests fan out over them, setpo_in_flight at once (default: one per replica). setpo_ready_timeout: how many seconds
 the constructor waits for a service that is still starting before it refuses to (veRL's ready_timeout).
@@ -85,6 +91,9 @@ class SetpoGRPOTrainer(GRPOTrainer):
         setpo_embed_span: str | None = None,
         setpo_in_flight: int | None = None,
         setpo_ready_timeout: float = 120.0,
+        setpo_advantage: str = "framework",
+        setpo_positive_weight: float = 0.1,
+        setpo_combine: str = "add",
         **kwargs,
     ):
         # the hooks must still be TRL's own seams, or this subclass would add methods nobody calls
@@ -100,6 +109,9 @@ class SetpoGRPOTrainer(GRPOTrainer):
             "kernel": setpo_kernel,
             "normalize": setpo_normalize,
             "embed_span": setpo_embed_span,
+            "advantage": setpo_advantage,
+            "positive_weight": setpo_positive_weight,
+            "combine": setpo_combine,
         }
         policy = {**diversity_policy(settings, spell), "controller": setpo_controller}
         if not SpecifierSet(TESTED_RANGE).contains(trl.__version__, prereleases=True):
@@ -183,11 +195,12 @@ class SetpoGRPOTrainer(GRPOTrainer):
                         self.setpo_groups(members), rewards=self.setpo_groups(rewards), started=started
                     )
                 assert pending is not None  # submitted at generation (_generate)
-                step = pending.result(advantages=self.setpo_groups(advantages))
-                bonus = [b for group in step.bonus for b in group]
+                step = pending.result(self.setpo_groups(advantages), rewards=self.setpo_groups(rewards))
+                assert step.advantages is not None  # TRL's advantages were passed
+                shaped = [a for group in step.advantages for a in group]
                 # submitted at generation, before the rewards existed, an unscorable completion took part in the
-                # others' marginals (only a second request could take it out); its own bonus is dropped here
-                payload = [([0.0 if math.isnan(r) else b for r, b in zip(rewards, bonus)], step.metrics)]
+                # others' marginals (only a second request could take it out); it keeps TRL's advantage, 0
+                payload = [([a if math.isnan(r) else s for r, a, s in zip(rewards, advantages, shaped)], step.metrics)]
             except Exception as exc:
                 error, payload = exc, [f"{type(exc).__name__}: {exc}"]
         result = broadcast_object_list(payload, from_process=0)[0]
@@ -195,17 +208,18 @@ class SetpoGRPOTrainer(GRPOTrainer):
             raise error
         if isinstance(result, str):
             raise SetpoError(f"SetPO scoring failed on the main process: {result}")
-        bonus, metrics = result
+        shaped, metrics = result
         offset = self.accelerator.process_index * local
-        shaping = torch.tensor(
-            bonus[offset : offset + local], dtype=output["advantages"].dtype, device=output["advantages"].device
-        )
-        output["advantages"] = output["advantages"] + shaping  # (local B,)
+        output["advantages"] = torch.tensor(
+            shaped[offset : offset + local], dtype=output["advantages"].dtype, device=output["advantages"].device
+        )  # (local B,)
 
         # TRL's completions table logged every process's advantages before shaping, last: show the shaped ones
-        logged = self._logs["advantages"]
-        before = [logged.pop() for _ in range(min(len(bonus), len(logged)))][::-1]
-        logged.extend(a + b for a, b in zip(before, bonus[len(bonus) - len(before) :]))
+        logged = self._logs["advantages"]  # a deque
+        replaced = min(len(shaped), len(logged))
+        for _ in range(replaced):
+            logged.pop()
+        logged.extend(shaped[len(shaped) - replaced :])
         for name, value in metrics.items():
             self._metrics["train"][name].append(value)
         return output

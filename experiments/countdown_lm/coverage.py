@@ -1,0 +1,266 @@
+"""Experiment v4's measures, rule and report (issue 62): coverage as the field measures it. Every figure comes from the
+samples setpo-eval wrote (n = plan.coverage_samples per puzzle, 128 in the full form).
+
+Per puzzle: the unbiased pass@k (1 - C(n-c, k) / C(n, k)) for k = 1, 2, 4, ..., 64; the area under that curve (the
+mean of those pass@k: the curve against log2 k, scaled to [0, 1]); distinct correct solutions and PCMD among the
+first 64 samples (ModeBench's identity: setpo_client.keys.countdown_expression); and whether the puzzle is lost: the
+base model solves it (a correct sample among its n) and the arm has none among its n.
+"""
+
+import json
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+from statistics import fmean
+
+from experiments.countdown_lm import job
+from experiments.countdown_lm.arms import Config
+from experiments.countdown_lm.report import BOOTSTRAP, cell, interval, mean_std, paired_interval
+from setpo_client.keys import countdown_expression
+from setpo_trainer.eval.metrics import pass_at_k, pcmd
+from setpo_trainer.packaged_data import read_jsonl
+
+KS = (1, 2, 4, 8, 16, 32, 64)
+FIRST = 64  # distinct solutions and PCMD among the first 64 samples, whatever n is
+HEADLINE = ["pass@1", "pass@8", "pass@64", "auc", "solutions", "pcmd", "lost"]
+
+
+def puzzles_of(samples: Path) -> dict[str, dict]:
+    """Per puzzle id: n, correct samples, and each correct solution's count over all n and over the first FIRST."""
+    by_id: dict[str, dict] = {}
+    for _, row in read_jsonl(samples):
+        entry = by_id.setdefault(row["problem_id"], {"n": 0, "correct": 0, "modes": Counter(), "first": Counter()})
+        entry["n"] += 1
+        if row["correct"]:
+            mode = countdown_expression(row["response"])
+            entry["correct"] += 1
+            entry["modes"][mode] += 1
+            if row["sample"] < FIRST:
+                entry["first"][mode] += 1
+    return by_id
+
+
+def per_puzzle(entry: dict, base: dict) -> dict:
+    """The puzzle's values every headline metric averages (pcmd may be None: fewer than 2 correct samples)."""
+    n, c = entry["n"], entry["correct"]
+    curve = [pass_at_k(n, c, min(k, n)) for k in KS]  # k above n (the quick form's few samples): pass@n
+    return {
+        **{f"pass@{k}": p for k, p in zip(KS, curve)},
+        "auc": fmean(curve),
+        "solutions": len(entry["first"]),
+        "pcmd": pcmd(entry["first"]),
+        "lost": float(base["correct"] > 0 and c == 0),
+    }
+
+
+def summarize(samples: Path, base_samples: Path) -> dict:
+    """One evaluation against the base model's on the same puzzles: headline means, the curve at KS, the per-puzzle
+    rows (for the paired bootstrap) and the lost puzzles with the solutions the base model had for each."""
+    entries, base = puzzles_of(samples), puzzles_of(base_samples)
+    rows = {pid: per_puzzle(entry, base[pid]) for pid, entry in entries.items()}
+    summary: dict = {key: fmean(r[key] for r in rows.values()) for key in HEADLINE if key != "pcmd"}
+    defined = [r["pcmd"] for r in rows.values() if r["pcmd"] is not None]
+    summary["pcmd"] = fmean(defined) if defined else None
+    summary["curve"] = [fmean(r[f"pass@{k}"] for r in rows.values()) for k in KS]
+    summary["puzzles"] = list(rows.values())
+    summary["lost_puzzles"] = {
+        pid: {"base_correct": base[pid]["correct"], "base_solutions": dict(base[pid]["modes"].most_common())}
+        for pid, row in rows.items()
+        if row["lost"]
+    }
+    return summary
+
+
+def runs_of(out: Path, config: Config, seeds: tuple[int, ...], split: str, step: int | None = None) -> list[dict]:
+    """One summary per seed of the config's evaluation on `split` (at a checkpoint `step`, else the final policy)."""
+    folder = f"eval-{split}" if step is None else f"eval-{split}-step{step}"
+    base = out / "eval" / f"base-{split}" / "samples.jsonl"
+    found = []
+    for seed in seeds:
+        where = job.run_dir(out, config, seed)
+        train = json.loads((where / "train_summary.json").read_text())
+        found.append({"seed": seed, **summarize(where / folder / "samples.jsonl", base), "train": train})
+    return found
+
+
+def validation_rows(out: Path, configs: list[Config], plan) -> list[dict]:
+    """Per config: mean and sample std over the validation seeds of the headline metrics, and its curve over steps
+    (validation pass@1 and pass@64 of each checkpoint, then of the final policy)."""
+    rows = []
+    steps = list(range(plan.curve_every, plan.rl.steps, plan.curve_every)) if plan.curve_every else []
+    for config in configs:
+        runs = runs_of(out, config, plan.validation_seeds, "validation")
+        over_steps = [runs_of(out, config, plan.validation_seeds, "validation", s) for s in steps] + [runs]
+        rows.append(
+            {
+                "config": config,
+                "metrics": {key: mean_std([r[key] for r in runs], ddof=1) for key in HEADLINE},
+                "steps": [*steps, plan.rl.steps],
+                "over_steps": {key: [fmean(r[key] for r in at) for at in over_steps] for key in ("pass@1", "pass@64")},
+                "seconds_per_step": fmean(r["train"]["seconds_per_step"] for r in runs),
+            }
+        )
+    return rows
+
+
+def floor_of(rows: list[dict]) -> tuple[float, float]:
+    """GRPO's mean validation pass@1 less the seed standard deviation pooled over every config; and that std."""
+    grpo = next(r for r in rows if r["config"].arm == "grpo")
+    seed_std = fmean(r["metrics"]["pass@1"][1] ** 2 for r in rows) ** 0.5
+    return grpo["metrics"]["pass@1"][0] - seed_std, seed_std
+
+
+def best(rows: list[dict], floor: float) -> dict | None:
+    """The rule, fixed before any v4 run: eligible when the mean validation pass@1 reaches the floor; among the
+    eligible, the highest pass@64 (to 3 decimals), ties by distinct correct solutions. None when none is eligible."""
+    eligible = [r for r in rows if r["metrics"]["pass@1"][0] >= floor]
+    if not eligible:
+        return None
+    return max(eligible, key=lambda r: (round(r["metrics"]["pass@64"][0], 3), r["metrics"]["solutions"][0]))
+
+
+def choose(rows: list[dict]) -> dict:
+    """What validation decides: the best combined form (replay goes onto it), the best single coverage base, and the
+    winner among every keyless config (the keyed form is a reference: it needs a solution key). Where no config of
+    a kind is eligible, that kind's highest pass@1 stands in, marked."""
+    floor, seed_std = floor_of(rows)
+
+    def pick(candidates: list[dict]) -> dict:
+        chosen = best(candidates, floor)
+        stand_in = chosen or max(candidates, key=lambda r: r["metrics"]["pass@1"][0])
+        return {"config": stand_in["config"], "eligible": chosen is not None}
+
+    keyless = [r for r in rows if r["config"].kernel != "hybrid"]
+    return {
+        "floor": floor,
+        "seed_std": seed_std,
+        "eligible": {r["config"].name: r["metrics"]["pass@1"][0] >= floor for r in rows},
+        "combined": pick([r for r in rows if r["config"].combine == "reshare" and not r["config"].replay]),
+        "single_base": pick([r for r in rows if r["config"].arm in ("maxrl", "w-reinforce", "f-grpo")]),
+        "winner": pick(keyless),
+    }
+
+
+def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Config], figures: Path | None) -> dict:
+    """report-v4 under out: results.json (every validation row, the choices, the test arms with per-seed values,
+    paired 95 % intervals against GRPO and against v3's keyless form, the lost puzzles), validation.md, test.md and
+    the plots (copied to `figures`)."""
+    where = out / "report-v4"
+    where.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    test = {c.name: runs_of(out, c, plan.coverage_test_seeds, "test") for c in finalists}
+    grpo, keyless = test["grpo"], test.get("scoped-embedding-w0.3")
+    base = summarize(out / "eval" / "base-test" / "samples.jsonl", out / "eval" / "base-test" / "samples.jsonl")
+    arms_out = {}
+    for config in finalists:
+        runs = test[config.name]
+        arms_out[config.name] = {
+            "config": config.as_dict(),
+            "metrics": {key: mean_std([r[key] for r in runs], ddof=1) for key in HEADLINE},
+            "per_seed": {key: [r[key] for r in runs] for key in HEADLINE},
+            "versus_grpo": {} if runs is grpo else {k: paired_interval(runs, grpo, k, rng) for k in HEADLINE},
+            "versus_keyless": {}
+            if keyless is None or runs is keyless
+            else {k: paired_interval(runs, keyless, k, rng) for k in HEADLINE},
+            "curves": [r["curve"] for r in runs],
+            "lost_puzzles": {r["seed"]: r["lost_puzzles"] for r in runs},
+        }
+    results = {
+        "ks": list(KS),
+        "samples": plan.coverage_samples,
+        "bootstrap": BOOTSTRAP,
+        "base": {key: base[key] for key in [*HEADLINE, "curve"]},
+        "validation": [
+            {**{k: v for k, v in r.items() if k != "config"}, "config": r["config"].as_dict()} for r in rows
+        ],
+        "choices": {
+            "rule": best.__doc__,
+            "grpo_pass@1_floor": chosen["floor"],
+            "pooled_seed_std_pass@1": chosen["seed_std"],
+            **{
+                kind: {"name": chosen[kind]["config"].name, "eligible": chosen[kind]["eligible"]}
+                for kind in ("combined", "single_base", "winner")
+            },
+        },
+        "arms": arms_out,
+        "std": "sample (ddof 1)",
+    }
+    (where / "results.json").write_text(json.dumps(results, indent=1))
+    (where / "validation.md").write_text(validation_table(results, chosen) + "\n")
+    (where / "test.md").write_text(test_table(results) + "\n")
+    for path in plot(results, where):
+        if figures:
+            figures.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, figures / f"countdown_v4_{path.name}")
+    return results
+
+
+def validation_table(results: dict, chosen: dict) -> str:
+    winners = {chosen[kind]["config"].name for kind in ("combined", "single_base", "winner")}
+    lines = [
+        "| config | eligible | pass@1 | pass@64 | AUC | solutions (first 64) | PCMD | lost | pass@1 / pass@64 over steps |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["validation"]:
+        name, m = row["config"]["name"], row["metrics"]
+        mark = " **(chosen)**" if name in winners else ""
+        eligible = "yes" if m["pass@1"][0] >= results["choices"]["grpo_pass@1_floor"] else "no"
+        steps = " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(row["over_steps"]["pass@1"], row["over_steps"]["pass@64"]))
+        lines.append(
+            f"| {name}{mark} | {eligible} | {cell(m['pass@1'])} | {cell(m['pass@64'])} | {cell(m['auc'])} "
+            f"| {cell(m['solutions'])} | {cell(m['pcmd'])} | {cell(m['lost'])} | {steps} |"
+        )
+    return "\n".join(lines)
+
+
+def test_table(results: dict) -> str:
+    names = list(results["arms"])
+    lines = ["| metric (test) | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for key in HEADLINE:
+        value = results["base"][key]
+        row = [cell(results["arms"][n]["metrics"][key]) for n in names]
+        lines.append(f"| {key} | {'—' if value is None else f'{value:.3f}'} | " + " | ".join(row) + " |")
+    for versus, label in (("versus_grpo", "GRPO"), ("versus_keyless", "v3 keyless")):
+        for key in HEADLINE:
+            row = [interval(results["arms"][n][versus][key]) if results["arms"][n][versus] else "" for n in names]
+            lines.append(f"| {key}: arm - {label}, 95 % paired bootstrap | | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, where: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ks = results["ks"]
+    ax.plot(ks, results["base"]["curve"], color="black", ls="--", marker="o", label="base model")
+    for name, arm in results["arms"].items():
+        mean = [fmean(c[i] for c in arm["curves"]) for i in range(len(ks))]
+        line = ax.plot(ks, mean, marker="o", label=name)[0]
+        low = [min(c[i] for c in arm["curves"]) for i in range(len(ks))]
+        high = [max(c[i] for c in arm["curves"]) for i in range(len(ks))]
+        ax.fill_between(ks, low, high, color=line.get_color(), alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel(f"pass@k (test, n = {results['samples']}; band: seed min-max)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths = [where / "pass_at_k.png"]
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key in zip(axes, ("pass@1", "pass@64")):
+        for row in results["validation"]:
+            ax.plot(row["steps"], row["over_steps"][key], marker=".", label=row["config"]["name"])
+        ax.set_xlabel("RL step")
+        ax.set_title(f"validation {key} (mean of seeds)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(where / "over_steps.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
