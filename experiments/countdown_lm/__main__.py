@@ -179,7 +179,17 @@ def coverage_experiment(args: argparse.Namespace, plan: Plan, url: str) -> dict:
     print(f"\n== v4 validation: {len(configs)} configs x seeds {plan.validation_seeds}", flush=True)
     run_all(args, plan, url, [(c, s, "validation") for c in configs for s in plan.validation_seeds], root, True)
     chosen = coverage.choose(coverage.validation_rows(root, configs, plan))
-    configs.append(replace(chosen["combined"]["config"], replay=True))
+    calibration = root / "replay_threshold.json"
+    if not calibration.exists():
+        from setpo_client import SetpoClient
+
+        with SetpoClient(url) as client:
+            embed = lambda texts: [item.floats() for item in client.embeddings(texts).data]  # noqa: E731
+            found = coverage.replay_threshold(root / "eval" / "base-validation" / "samples.jsonl", embed)
+        calibration.write_text(json.dumps(found, indent=1))
+    threshold = json.loads(calibration.read_text())["threshold"]
+    print(f"replay: answers with cosine >= {threshold} are one to the bank (base model's validation samples)")
+    configs.append(replace(chosen["combined"]["config"], replay=True, replay_threshold=threshold))
     print(f"\n== v4 validation: {configs[-1].name} (replay on the best combined form)", flush=True)
     run_all(args, plan, url, [(configs[-1], s, "validation") for s in plan.validation_seeds], root, True)
     rows = coverage.validation_rows(root, configs, plan)

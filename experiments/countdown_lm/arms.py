@@ -28,6 +28,7 @@ class Config:
     positive_weight: float = 0.1  # W-REINFORCE's lambda
     focal: float = 0.0  # F-GRPO's gamma: each group's reward scaled by (1 - its success rate) ** gamma; 0: off
     replay: bool = False  # replay of a bank of verified distinct solutions beside the RL loss (Re:Max's recipe)
+    replay_threshold: float | None = None  # the cosine at which two answers are one to the bank (chosen on validation)
 
     @property
     def name(self) -> str:

@@ -72,6 +72,40 @@ def summarize(samples: Path, base_samples: Path) -> dict:
     return summary
 
 
+def replay_threshold(samples: Path, embed) -> dict:
+    """The cosine at which replay's bank counts two answers as one, chosen on the base model's validation samples:
+    among each puzzle's distinct correct texts, pairs of one solution (ModeBench's identity) and pairs of two; the
+    threshold (a grid of 0.800, 0.801, ... 0.999) with the best balanced accuracy at telling them apart (same when
+    cos >= t), ties to the lower. embed: texts -> vectors (the service's embeddings)."""
+    by_puzzle: dict[str, dict[str, str]] = {}
+    for _, row in read_jsonl(samples):
+        if row["correct"]:
+            by_puzzle.setdefault(row["problem_id"], {})[row["response"]] = countdown_expression(row["response"])
+    same, different = [], []
+    for texts in by_puzzle.values():
+        vectors = embed(list(texts)) if len(texts) > 1 else []
+        units = [[x / sum(y * y for y in v) ** 0.5 for x in v] for v in vectors]
+        modes = list(texts.values())
+        for i in range(len(units)):
+            for j in range(i + 1, len(units)):
+                cosine = sum(a * b for a, b in zip(units[i], units[j]))
+                (same if modes[i] == modes[j] else different).append(cosine)
+
+    def balanced(t: float) -> float:
+        return (
+            sum(c >= t for c in same) / max(1, len(same)) + sum(c < t for c in different) / max(1, len(different))
+        ) / 2
+
+    grid = [round(0.8 + i / 1000, 3) for i in range(200)]
+    best_t = max(grid, key=lambda t: (balanced(t), -t))
+    return {
+        "threshold": best_t,
+        "balanced_accuracy": balanced(best_t),
+        "same_pairs": len(same),
+        "different_pairs": len(different),
+    }
+
+
 def runs_of(out: Path, config: Config, seeds: tuple[int, ...], split: str, step: int | None = None) -> list[dict]:
     """One summary per seed of the config's evaluation on `split` (at a checkpoint `step`, else the final policy)."""
     folder = f"eval-{split}" if step is None else f"eval-{split}-step{step}"

@@ -12,6 +12,9 @@ class RLSettings:
     learning_rate: float = 2e-4  # 1e-4 barely lowered pass@64 in 400 steps; 3e-4 lost pass@1 after 200
     loss_type: str = "dr_grpo"
     scale_rewards: str = "none"  # Dr. GRPO: advantages r - mean(r), not divided by the group's std
+    # replay (experiment v4): Re:Max's recipe, alpha 0.1 and at most 16 verified distinct answers a prompt
+    replay_weight: float = 0.1
+    replay_capacity: int = 16
 
 
 @dataclass(frozen=True)

@@ -157,8 +157,6 @@ def train(
         bf16=False,
         gradient_checkpointing=False,
     )
-    if config.replay:
-        raise NotImplementedError("replay is not built yet")  # TODO(v4): the replay bank
     controller = None
     if config.target_ratio is not None:  # lambda in [0.01, 5] x the first one; the EMA over ~10 steps
         controller = WeightController(config.target_ratio, 0.01 * config.weight, 5.0 * config.weight, ema=0.9)
@@ -189,6 +187,9 @@ def train(
             setpo_advantage=config.advantage,
             setpo_positive_weight=config.positive_weight,
             setpo_combine=config.combine,
+            setpo_replay_weight=settings.replay_weight if config.replay else 0.0,
+            setpo_replay_capacity=settings.replay_capacity,
+            setpo_replay_threshold=config.replay_threshold,
         )
         trainer_of["trainer"] = trainer
         trainer.remove_callback(ProgressCallback)

@@ -18,6 +18,12 @@ be pass/fail: 0 or 1; setpo_positive_weight is W-REINFORCE's lambda, 0.1), and s
 A + bonus) | "reshare" (the bonus re-shares the base's positive advantages; with setpo_normalize="zscore"). With
 setpo_weight=0 the base alone trains: MaxRL or W-REINFORCE inside TRL's GRPO loss.
 
+Replay (docs/diversity.md, "Replay"): setpo_replay_weight=alpha > 0 keeps a bank per prompt of the completions whose
+reward reaches setpo_min_reward and that differ from those banked (cosine of the service's embeddings below
+setpo_replay_threshold; exact text when it is None or the service fails), at most setpo_replay_capacity a prompt, and
+adds alpha times their length-normalised negative log-likelihood (equal weight per banked answer) to each loss. The
+bank is saved in every checkpoint (setpo_replay.json) and loaded by train(resume_from_checkpoint=...).
+
 Several replicas of the service: SetpoClient("http://a:8000,http://b:8000") (or SETPO_URL so spelled); a step's
 requests fan out over them, setpo_in_flight at once (default: one per replica). setpo_ready_timeout: how many seconds
 the constructor waits for a service that is still starting before it refuses to (veRL's ready_timeout).
@@ -46,19 +52,24 @@ without SetPO), warns when TRL is not the tested version, and proves what every 
 `_calculate_rewards` (all processes' rewards, gathered), its advantages from each process's output, gathered.
 """
 
+import json
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import trl
 from accelerate.utils import broadcast_object_list, gather_object
 from packaging.specifiers import SpecifierSet
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
 from setpo_client.client import SetpoClient
 from setpo_client.errors import SetpoError
+from setpo_client.integrations.replay import ReplayBank, prompt_keys, replay_loss
 from setpo_client.keys import KeyFunction
 from setpo_client.policy import diversity_policy
 from setpo_client.shaping import OnError, PendingStep, SetpoShaper
@@ -94,6 +105,9 @@ class SetpoGRPOTrainer(GRPOTrainer):
         setpo_advantage: str = "framework",
         setpo_positive_weight: float = 0.1,
         setpo_combine: str = "add",
+        setpo_replay_weight: float = 0.0,
+        setpo_replay_capacity: int = 16,
+        setpo_replay_threshold: float | None = None,
         **kwargs,
     ):
         # the hooks must still be TRL's own seams, or this subclass would add methods nobody calls
@@ -124,6 +138,15 @@ class SetpoGRPOTrainer(GRPOTrainer):
         )
         if setpo_weight > 0:  # fail now, not after the first generation round; TRL's advantages are group-relative
             self.setpo.start(group_size=self.num_generations, spell=spell, ready_timeout=setpo_ready_timeout)
+        if setpo_replay_weight < 0 or (setpo_replay_weight > 0 and setpo_min_reward is None):
+            raise ValueError(
+                "setpo_replay_weight banks verified answers: it must be >= 0, and > 0 needs setpo_min_reward (the "
+                f"reward a verified answer reaches); got {setpo_replay_weight} with setpo_min_reward={setpo_min_reward}"
+            )
+        self.setpo_replay_weight = setpo_replay_weight
+        self.setpo_replay = ReplayBank(setpo_replay_capacity, setpo_replay_threshold) if setpo_replay_weight else None
+        if self.setpo_replay is not None:
+            self.add_callback(SaveReplayBank(self.setpo_replay))
         self.setpo_rewards: torch.Tensor | None = None  # the step's rewards, all processes (_calculate_rewards)
         self.setpo_pending: PendingStep | None = None  # this step's scoring, started at generation (_generate)
 
@@ -222,4 +245,79 @@ class SetpoGRPOTrainer(GRPOTrainer):
         logged.extend(shaped[len(shaped) - replaced :])
         for name, value in metrics.items():
             self._metrics["train"][name].append(value)
+        if self.setpo_replay is not None:
+            self.setpo_admit(output)
         return output
+
+    def setpo_admit(self, output: dict) -> None:
+        """Replay: this step's completions whose reward reaches setpo_min_reward go to their prompt's bank when they
+        differ from it, on the main process (one embeddings request); every process then holds the same bank."""
+        assert self.setpo_replay is not None and self.setpo_rewards is not None
+        mask = (
+            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
+        )
+        keys = prompt_keys(output["prompt_ids"], output["prompt_mask"])
+        local = [
+            (key, ids[row.bool()].tolist(), self.completion_text(ids, row))
+            for key, ids, row in zip(keys, output["completion_ids"], mask)
+        ]
+        candidates = gather_object(local)  # every process's, in TRL's gather order, as the rewards
+        floor = self.setpo.min_reward
+        assert floor is not None  # required with replay (__init__)
+        verified = [c for c, r in zip(candidates, self.setpo_rewards.tolist()) if r >= floor and c[2] is not None]
+        payload: list[Any] = [None]
+        if self.accelerator.is_main_process:
+            failed = 0.0
+            try:
+                admitted = self.setpo_replay.admit(verified, self.setpo_embed)
+            except SetpoError as exc:  # the service's trouble costs the step its embeddings, not the run
+                log.warning("SetPO replay: embeddings failed (%s); this step's answers are compared by text", exc)
+                admitted, failed = self.setpo_replay.admit(verified, None), 1.0
+            state = self.setpo_replay.state_dict() if self.accelerator.num_processes > 1 else None
+            payload = [(state, {"setpo/replay_admitted": float(admitted), "setpo/replay_embed_failures": failed})]
+        state, metrics = broadcast_object_list(payload, from_process=0)[0]
+        if state is not None:
+            self.setpo_replay.load_state_dict(state)
+        metrics["setpo/replay_bank_size"] = float(self.setpo_replay.size())
+        for name, value in metrics.items():
+            self._metrics["train"][name].append(value)
+
+    def setpo_embed(self, texts: list[str]) -> list[list[float]]:
+        return [item.floats() for item in self.setpo.client.embeddings(texts).data]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.setpo_replay is None or not self.model.training:
+            return loss
+        pad = self.processing_class.pad_token_id or 0
+        replayed, prompts = replay_loss(model, inputs["prompt_ids"], inputs["prompt_mask"], self.setpo_replay, pad)
+        self._metrics["train"]["setpo/replay_loss"].append(replayed.item())
+        self._metrics["train"]["setpo/replay_prompts"].append(float(prompts))
+        return loss + self.setpo_replay_weight * replayed
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        """TRL's train(); resuming, the replay bank comes back from the checkpoint as well."""
+        if self.setpo_replay is not None and resume_from_checkpoint:
+            folder = (
+                get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+            )
+            saved = Path(folder or self.args.output_dir) / SaveReplayBank.FILE
+            if saved.exists():
+                self.setpo_replay.load_state_dict(json.loads(saved.read_text()))
+            else:
+                log.warning("SetPO replay: %s has no %s; the bank starts empty", folder, SaveReplayBank.FILE)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+
+class SaveReplayBank(TrainerCallback):
+    """Writes the replay bank into every checkpoint TRL saves, beside the model and the optimizer."""
+
+    FILE = "setpo_replay.json"
+
+    def __init__(self, bank: ReplayBank):
+        self.bank = bank
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            (folder / self.FILE).write_text(json.dumps(self.bank.state_dict()))
