@@ -25,7 +25,6 @@ bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) -m benchmarks.peer_infinity --compile --dtypes float32
 	$(PY) -m benchmarks.collapsed_group
 	$(PY) -m benchmarks.concurrency
-	$(PY) -m benchmarks.body_names
 
 # Before/after for a service change: this checkout's server against BASELINE's, interleaved, paired ratios.
 BASELINE ?= HEAD

@@ -307,7 +307,8 @@ def endless_headers(server: LocalServer, outcome: Outcome, full: bool) -> None:
 
 
 def leftover_bodies(server: LocalServer, outcome: Outcome, full: bool) -> None:
-    """Answered GETs whose Content-Length body keeps trickling in a byte a second: do they pin their sockets?"""
+    """Answered GETs whose Content-Length body keeps trickling in a byte a second: do they pin their sockets? (Each byte
+    stops uvicorn's keep-alive timer; the header clock closes them.)"""
     count = 200 if full else 20
     socks = []
     for _ in range(count):
@@ -315,7 +316,8 @@ def leftover_bodies(server: LocalServer, outcome: Outcome, full: bool) -> None:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc")
         socks.append(sock)
     closed: list[socket.socket] = []
-    deadline = time.monotonic() + 15  # well past uvicorn's 5 s keep-alive timeout; done once all are closed
+    header_timeout = httpx.get(server.url + "/info", headers=AUTH).json()["limits"]["header_timeout"]
+    deadline = time.monotonic() + header_timeout + 10  # well past the header clock, which they cannot stop
     while len(closed) < count and time.monotonic() < deadline:
         time.sleep(1)
         for sock in [sock for sock in socks if sock not in closed]:

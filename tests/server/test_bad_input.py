@@ -75,52 +75,6 @@ CASES = [
         "overflow",
     ),
     ("groups not a list", {"groups": {"texts": ["a", "b", "c"]}}, 422, "groups", "valid list"),
-    # a JSON name given twice: a parser keeps one value and drops the other, which nothing may do silently
-    (
-        "a name given twice",
-        b'{"groups": [{"texts": ["a", "b", "c"]}, {"texts": ["d", "e", "f"]}], "groups": [{"texts": ["g", "h", "i"]}]}',
-        422,
-        "body",
-        'duplicate key "groups"',
-    ),
-    (
-        "a group's name given twice",
-        b'{"groups": [{"texts": ["a", "b", "c"], "rewards": [1, 0, 1], "rewards": [0, 1, 0]}]}',
-        422,
-        "body",
-        'duplicate key "rewards"',
-    ),
-    (
-        "a name given twice, once escaped",
-        b'{"groups": [{"texts": ["a", "b", "c"]}], "gr\\u006fups": [{"texts": ["d", "e", "f"]}]}',
-        422,
-        "body",
-        'duplicate key "groups"',
-    ),
-    *[
-        (
-            f"a name given twice, its colon matched by an escaped one ({escape[1:]})",
-            b'{"weight": 0.1, "weight": 0.2, "groups": [{"texts": ["%s", "b", "c"]}]}' % escape.encode(),
-            422,
-            "body",
-            'duplicate key "weight"',
-        )
-        for escape in ("\\u003a", "\\u003A")
-    ],
-    (
-        "a name given twice beside texts holding colons",
-        b'{"groups": [{"texts": ["a: 1", "b: 2", "c: 3"], "texts": ["d", "e", "f"]}]}',
-        422,
-        "body",
-        'duplicate key "texts"',
-    ),
-    (
-        "a name of vectors given twice",
-        b'{"groups": [{"embeddings": [[1, 0], [0, 1], [1, 1]], "embeddings": [[1, 0], [0, 1], [1, 1]]}]}',
-        422,
-        "body",
-        'duplicate key "embeddings"',
-    ),
 ]
 
 
@@ -140,7 +94,6 @@ EMBEDDING_CASES = [
     ("wrong model", {"input": "hi", "model": "text-embedding-3-small"}, "model", "serves model 'all-MiniLM-L6-v2'"),
     ("too many dimensions", {"input": "hi", "dimensions": 1000}, "dimensions", "more than the model's 384"),
     ("unknown encoding", {"input": "hi", "encoding_format": "int8"}, "encoding_format", "'float' or 'base64'"),
-    ("a name given twice", b'{"input": "hi", "input": ["one", "two"]}', "body", 'duplicate key "input"'),
 ]
 
 
@@ -150,24 +103,6 @@ def test_bad_embeddings_request_is_a_clear_400_as_openai_answers(service, what, 
     assert response.status_code == 400, response.text
     assert words in response.json()["error"]["message"]
     assert response.json()["error"]["param"] == param
-
-
-# Bodies that give each name once, whatever their strings hold: colons, escapes, a name's own spelling, explicit nulls.
-GOOD_BODIES = [
-    b'{"groups": [{"texts": ["a: 1", "b:: 2", "c"], "rewards": [1, 0, 1]}]}',
-    b'{"groups": [{"texts": ["caf\\u00e9", "na\\u00efve", "\\u003a\\u003A"]}]}',
-    b'{"groups": [{"texts": ["a\\\\u003a: not an escape", "line\\none", "tab\\t:"]}]}',
-    b'{"groups": [{"texts": ["\\"groups\\": 1", "groups", "{\\"texts\\": []}"], "embeddings": null}]}',
-    b'{"groups": [{"embeddings": [[1, 0], [0, 1], [1, 1]], "keys": ["x:1", null, "x:1"]}], "kernel": "hybrid"}',
-    b'{ "groups" : [ { "texts" : [ "a" , "b" , "c" ] } ] , "weight" : 0.5 }',
-]
-
-
-@pytest.mark.parametrize("body", GOOD_BODIES, ids=range(len(GOOD_BODIES)))
-def test_a_body_that_gives_each_name_once_is_served_whatever_its_strings_hold(service, body):
-    response = post(service, "/v1/diversity", body)
-    assert response.status_code == 200, response.text
-    assert len(response.json()["groups"][0]["marginals"]) == 3
 
 
 @pytest.mark.parametrize("path", ["/v1/diversity", "/v1/embeddings"])

@@ -5,6 +5,7 @@ started under a 256-descriptor limit as a small container would have; the rest i
 import contextlib
 import gzip
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -23,12 +24,15 @@ from tests.reliability.hostile import HELD_AFTER_MB, resident_mb, resident_mb_on
 KEY = "round-two-key-77c1"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 WRITE_TIMEOUT = 2
+HEADER_TIMEOUT = 8
 
 
 @pytest.fixture(scope="module")
 def server():
     command = ["prlimit", "--nofile=256:256", sys.executable, "-m", "setpo_server.cli"]
-    with LocalServer(command=command, api_key=KEY, write_timeout=WRITE_TIMEOUT, header_timeout=8) as running:
+    with LocalServer(
+        command=command, api_key=KEY, write_timeout=WRITE_TIMEOUT, header_timeout=HEADER_TIMEOUT
+    ) as running:
         yield running
 
 
@@ -66,19 +70,20 @@ def test_a_header_over_the_limit_gets_431_and_the_connection_closes(server, size
     assert b"SETPO_MAX_HEADER_BYTES" in answer
 
 
-def test_a_header_over_the_limit_behind_a_pipelined_request_is_refused_after_that_request_is_answered(server):
-    """HTTP/1.1 answers pipelined requests in the order they came: the request before the oversized one gets its own
-    answer first, then the 431, then the close. A 431 sent at once would be read as the first request's answer."""
+def test_a_header_over_the_limit_behind_a_pipelined_request_closes_the_connection_after_that_requests_answer(server):
+    """HTTP/1.1 answers pipelined requests in the order they came: the request before the oversized one gets its whole
+    answer, then the connection closes. A 431 sent at once would be read as part of the first request's answer."""
     body = b'{"input": ["a pipelined request"]}'
     first = embeddings_request(KEY, body)
     oversized = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n"  # over the 32 KiB default
+    too_large = metric(server, "setpo_headers_too_large_total")
     sock = connect(server)
     sock.sendall(first + oversized)  # in one write: the first request is still being answered when the second comes
-    answer = read_answer(sock)
-    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-    assert b'"embedding"' in answer.split(b"HTTP/1.1 431")[0]
-    refusal = answer[answer.find(b"HTTP/1.1 ", 1) :]
-    assert refusal.startswith(b"HTTP/1.1 431") and b"SETPO_MAX_HEADER_BYTES" in refusal, answer[:200]
+    head, _, rest = read_answer(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE)[1])
+    assert len(json.loads(rest[:length])["data"]) == 1 and rest[length:] == b""  # then the close, nothing else
+    assert metric(server, "setpo_headers_too_large_total") == too_large + 1
 
 
 def test_trailers_count_with_the_headers_and_a_flood_of_them_is_cut_off(server):
@@ -130,14 +135,14 @@ def test_callers_streaming_endless_headers_take_neither_memory_nor_time(server):
 
 
 def test_a_leftover_body_cannot_pin_a_connection(server):
-    """GET with a Content-Length body the route never reads, its bytes trickling in after the answer: the
-    connection is closed on the keep-alive timer, whatever the parser is waiting for."""
+    """GET with a Content-Length body the route never reads, its bytes trickling in after the answer (each would stop
+    uvicorn's keep-alive timer): the connection is closed on the header clock, whatever the parser is waiting for."""
     socks = [connect(server) for _ in range(20)]
     for sock in socks:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc")
     started = time.monotonic()
     closed: set[int] = set()
-    while time.monotonic() - started < 12 and len(closed) < len(socks):
+    while time.monotonic() - started < 3 * HEADER_TIMEOUT and len(closed) < len(socks):
         for i, sock in enumerate(socks):
             if i in closed:
                 continue
@@ -154,7 +159,7 @@ def test_a_leftover_body_cannot_pin_a_connection(server):
         time.sleep(1)
     elapsed = time.monotonic() - started
     assert len(closed) == len(socks), f"{len(socks) - len(closed)} connections still open after {elapsed:.0f} s"
-    assert elapsed < 10
+    assert elapsed < HEADER_TIMEOUT + 3  # the header clock, from the first leftover byte, and a second's polling
 
 
 def test_near_the_descriptor_limit_idle_connections_make_room_and_health_answers(server):
@@ -203,28 +208,17 @@ def ask_and_never_read(server: LocalServer, key: str = KEY, then: bytes = b"") -
     return sock
 
 
-def test_bytes_that_are_not_http_get_a_400_in_the_services_error_shape(server):
-    """uvicorn answered them in plain text, the one answer of the service that was not its JSON error body."""
-    sock = connect(server)
-    sock.sendall(b"NOT HTTP AT ALL\x00\r\n\r\n")
-    head, _, body = read_answer(sock).partition(b"\r\n\r\n")
-    sock.close()
-    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head.lower(), head
-    assert json.loads(body)["error"]["type"] == "invalid_request_error"
-
-
 def test_a_body_whose_framing_breaks_mid_request_gets_its_400_at_once_and_frees_its_place(server):
-    """A chunk size that is not hex, after the request was admitted: uvicorn's parser stops there. The 400 goes out at
-    once, and the handler that waited for the rest of the body is told its caller went, not left holding its place
+    """A chunk size that is not hex, after the request was admitted: uvicorn's parser stops there, answers 400 and
+    closes, and the handler that waited for the rest of the body is told its caller went, not left holding its place
     until SETPO_RECEIVE_TIMEOUT (30 s here) to answer 408."""
     sock = connect(server)
     sock.sendall(chunked_embeddings_head(KEY) + b'5\r\n{"inp\r\n')
     server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == 1, timeout=30)
     sock.sendall(b"zz\r\nnot a chunk\r\n")
-    head, _, body = read_answer(sock, timeout=10).partition(b"\r\n\r\n")
+    answer = read_answer(sock, timeout=10)
     sock.close()
-    assert head.startswith(b"HTTP/1.1 400 "), head
-    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
     server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == 0, timeout=10)
 
 
@@ -283,14 +277,15 @@ def embed(server: LocalServer, key: str) -> httpx.Response:
 
 def test_answers_their_callers_leave_unread_count_as_requests_in_progress_until_they_go(two_callers):
     """One caller asking again and again, never reading, used to pin an answer per request (1 GB in 12 s): a request's
-    place was freed when its handler returned, its answer still held. Now an answer the socket stopped taking holds
-    its place, its caller's, until it is sent or dropped, and the caller's going gives the place back: one caller's
-    unread answers take at most its share of the places, and everyone's at most all of them."""
+    place was freed when its handler returned, its answer still held. Now a request holds its place until its answer
+    is sent or dropped, and the caller's going gives the place back: one caller's unread answers take at most its
+    share of the places, and everyone's at most all of them."""
     server = two_callers
-    # one of them with a request pipelined behind it: queued, it must not take the unsent answer's place as its own
+    # one of them with a request pipelined behind it: queued, it takes no place until the answer before it is sent
     readers = [ask_and_never_read(server, ALICE), ask_and_never_read(server, ALICE, b"GET /health HTTP/1.1\r\n\r\n")]
     try:
         server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 2, timeout=60)
+        assert metric(server, "setpo_requests_in_progress") == 2
         refused = embed(server, ALICE)
         assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text[:300]
         assert "'alice' holds 2" in refused.json()["error"]["message"]
@@ -299,11 +294,12 @@ def test_answers_their_callers_leave_unread_count_as_requests_in_progress_until_
         server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 4, timeout=60)
         refused = embed(server, BOB)
         assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text[:300]
-        assert "4 answers not yet taken" in refused.json()["error"]["message"]
+        assert "4 requests in progress or being answered" in refused.json()["error"]["message"]
     finally:
         for sock in readers:
             sock.close()
-    server.wait_until(lambda: metric(server, "setpo_answers_unsent") == 0, timeout=30)
+    server.wait_until(lambda: metric(server, "setpo_requests_in_progress") == 0, timeout=30)
+    assert metric(server, "setpo_answers_unsent") == 0
     for key in (ALICE, BOB):
         answered = embed(server, key)
         assert answered.status_code == 200, answered.text[:300]

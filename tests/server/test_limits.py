@@ -139,9 +139,9 @@ def test_a_connection_whose_headers_do_not_arrive_in_time_gets_408_and_is_closed
     assert metric(limited, "setpo_connections_timed_out_total") == timed_out + 1
 
 
-def test_a_pipelined_request_whose_headers_run_out_of_time_behind_answers_gets_408_after_them(limited):
+def test_a_pipelined_request_whose_headers_run_out_of_time_behind_answers_gets_them_whole_then_the_close(limited):
     """The header clock of a request pipelined behind answers the caller is slow to read runs out while they are
-    still being sent: they go out whole, then the 408 (HTTP/1.1 answers in order), then the close."""
+    still being sent: they go out whole (HTTP/1.1 answers in order), then the connection closes."""
     body = json.dumps({"input": [f"pipelined text {i}" for i in range(16)]}).encode()
     request = embeddings_request(KEY, body)
     timed_out = metric(limited, "setpo_connections_timed_out_total")
@@ -160,7 +160,7 @@ def test_a_pipelined_request_whose_headers_run_out_of_time_behind_answers_gets_4
         length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE)[1])
         assert head.startswith(b"HTTP/1.1 200") and len(json.loads(answer[:length])["data"]) == 16, head
         answer = answer[length:]
-    assert answer.startswith(b"HTTP/1.1 408") and b"SETPO_HEADER_TIMEOUT=2" in answer, answer[:200]
+    assert answer == b"", answer[:200]
 
 
 def test_a_caller_still_sending_when_refused_reads_the_whole_answer_then_an_orderly_close(limited):

@@ -9,10 +9,10 @@ from fastapi import FastAPI
 
 from setpo_server import __version__, metrics
 from setpo_server.admission import BIG_BODIES_AT_ONCE
+from setpo_server.api_keys import CallerKeys, watch_key_file
 from setpo_server.backend import Backend
 from setpo_server.batcher import Batcher, resolve_batch_tokens
 from setpo_server.errors import install_error_handlers
-from setpo_server.keys import CallerKeys, watch_key_file
 from setpo_server.openapi import docs_routes, publish_request_bodies
 from setpo_server.routes import router
 from setpo_server.settings import Settings

@@ -65,6 +65,8 @@ class Backend:
             self.name = Path(settings.model).name
         else:
             self.name = settings.model
+        # what the server answers to (as vLLM's --served-model-name), else the model's own name; the first names answers
+        self.served_names = settings.served_model_name or [self.name]
         self.device = resolve_device(settings.device)
         self.dtype = resolve_dtype(settings.dtype, self.device)  # auto on CPU: float32, then measured below
         self.model = SentenceTransformer(self.model_path, device=self.device, model_kwargs={"dtype": self.dtype})

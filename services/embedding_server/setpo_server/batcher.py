@@ -30,8 +30,8 @@ import torch
 from starlette.concurrency import run_in_threadpool
 
 from setpo_server import metrics
+from setpo_server.api_keys import ANONYMOUS
 from setpo_server.backend import Backend
-from setpo_server.keys import ANONYMOUS
 from setpo_server.runtime import MALLOC_TRIM
 
 log = logging.getLogger("setpo_server")
@@ -55,14 +55,12 @@ def resolve_batch_tokens(setting: int | str, device: str, dtype: torch.dtype) ->
 
 
 class Overloaded(Exception):
-    def __init__(self, queued_texts: int, queued_tokens: int, setting: str, retry_after: int):
+    """The queue is full: `setting` (its value `limit`) would be passed; the caller should come back in `retry_after` s."""
+
+    def __init__(self, queued_texts: int, queued_tokens: int, setting: str, limit: int, retry_after: int):
         super().__init__(f"{queued_texts} texts ({queued_tokens} tokens) are already queued")
-        self.queued_texts, self.queued_tokens, self.setting, self.retry_after = (
-            queued_texts,
-            queued_tokens,
-            setting,
-            retry_after,
-        )
+        self.queued_texts, self.queued_tokens, self.retry_after = queued_texts, queued_tokens, retry_after
+        self.setting, self.limit = setting, limit
 
 
 class TooLarge(Exception):
@@ -96,7 +94,7 @@ class _Job:
     order: list[int]  # text indices, longest first: slices of a job pad little
     rows: torch.Tensor  # (n, dim), filled slice by slice
     remaining_tokens: int
-    caller: str  # whose job: turns go to callers first (keys.py names them)
+    caller: str  # whose job: turns go to callers first (api_keys.py names them)
     taken: int = 0  # texts of `order` already handed to a batch
     served: int = 0  # the last batch this job gave texts to; 0 = none yet
     done: int = 0  # texts embedded
@@ -133,7 +131,7 @@ class Batcher:
         self._worker.add_done_callback(self._worker_ended)
 
     async def embed(self, texts: list[str], caller: str = ANONYMOUS) -> Embedded:
-        """Embed distinct texts for a caller (keys.py names them). Raises TooLarge for a request bigger than the queue,
+        """Embed distinct texts for a caller (api_keys.py names them). Raises TooLarge for a request bigger than the queue,
         Overloaded when the queue is full, BatcherFailed when the batcher is down.
         If the caller goes away, awaiting here is cancelled: tokenising stops at the next slice, and a queued
         job is dropped at the next batch."""
@@ -174,9 +172,11 @@ class Batcher:
         if self.failure is not None:
             raise BatcherFailed(self.failure)
         if self._queued_texts + texts > self.max_queue_texts:
-            raise Overloaded(self._queued_texts, self._queued_tokens, "SETPO_MAX_QUEUE_TEXTS", self.retry_after())
+            queued, limit = "SETPO_MAX_QUEUE_TEXTS", self.max_queue_texts
+            raise Overloaded(self._queued_texts, self._queued_tokens, queued, limit, self.retry_after())
         if self._queued_tokens + tokens > self.max_queue_tokens:
-            raise Overloaded(self._queued_texts, self._queued_tokens, "SETPO_MAX_QUEUE_TOKENS", self.retry_after())
+            queued, limit = "SETPO_MAX_QUEUE_TOKENS", self.max_queue_tokens
+            raise Overloaded(self._queued_texts, self._queued_tokens, queued, limit, self.retry_after())
 
     def _count(self, texts: int, tokens: int) -> None:
         self._queued_texts += texts

@@ -5,6 +5,8 @@ import logging.config
 import os
 import resource
 import sys
+from functools import partial
+from typing import cast
 
 import uvicorn
 from pydantic import ValidationError
@@ -45,18 +47,22 @@ def main() -> None:
     )
 
     from setpo_server.app import create_app
-    from setpo_server.protocol import BoundedProtocol
+    from setpo_server.protocol import BoundedProtocol, check_uvicorn
     from setpo_server.state import ServiceState
 
+    if problem := check_uvicorn():
+        sys.exit(f"setpo-server: {problem}")
     app = create_app(settings, threads)
     state: ServiceState = app.state.setpo
     # One process: the model lives once in memory, and the batcher sees every request to coalesce them.
     # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits.
-    BoundedProtocol.header_timeout = settings.header_timeout
-    BoundedProtocol.max_header_bytes = settings.max_header_bytes
-    BoundedProtocol.write_timeout = settings.write_timeout
-    BoundedProtocol.max_connections = max_connections(settings.max_connections)
-    BoundedProtocol.service = state
+    connection = partial(
+        BoundedProtocol,
+        header_timeout=settings.header_timeout,
+        max_header_bytes=settings.max_header_bytes,
+        write_timeout=settings.write_timeout,
+        max_connections=max_connections(settings.max_connections),
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -64,7 +70,7 @@ def main() -> None:
         log_level=settings.log_level,
         log_config=log_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=30,
-        http=BoundedProtocol,
+        http=cast(type[BoundedProtocol], connection),  # uvicorn calls it with its config and state, as a class
     )
     server = uvicorn.Server(config)
     state.shutdown = lambda: setattr(server, "should_exit", True)  # a graceful stop, then the exit code below

@@ -1,8 +1,9 @@
 """Every error leaves the service as {"error": {"message", "type", "param"}} with the right status.
 
-The later stages raise their own errors, never HTTP types (the batcher's Overloaded, TooLarge and BatcherFailed,
-scoring's ScoringError): until_done_or_gone maps them to ApiError, and the exception handlers installed here
-turn every ApiError, validation error, HTTP error and crash into that body.
+The later stages raise their own errors, never HTTP types (the batcher's Overloaded, TooLarge and BatcherFailed; a
+request's content Refused by the schemas, or by scoring when its advantages overflow): until_done_or_gone maps the
+batcher's to ApiError, and the exception handlers installed here turn every ApiError, refusal, validation error, HTTP
+error and crash into that body.
 """
 
 import asyncio
@@ -16,9 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from setpo_server.batcher import BatcherFailed, Overloaded, TooLarge
-from setpo_server.schemas import ErrorDetail, ErrorResponse
-from setpo_server.scoring import ScoringError
-from setpo_server.state import service
+from setpo_server.schemas import ErrorDetail, ErrorResponse, Refused
 
 log = logging.getLogger("setpo_server")
 
@@ -47,13 +46,8 @@ class ApiError(Exception):
             self.headers["WWW-Authenticate"] = "Bearer"
 
 
-# An error names what is wrong; it never hands a caller's body back (a 100 KB model name came back whole before).
+# An error names what is wrong; it never hands a caller's body back (schemas.echoed cuts what it quotes).
 MAX_MESSAGE_CHARS = 1000
-
-
-def echoed(value: str, limit: int = 100) -> str:
-    """Something the caller sent, quoted for an error message and cut to `limit` characters."""
-    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 # Routes that follow OpenAI's API answer a bad request 400, as OpenAI does; the diversity contract keeps 422.
@@ -70,9 +64,8 @@ async def until_done_or_gone(request: Request, work: Awaitable[Any], param: str)
     try:
         return task.result()
     except Overloaded as exc:
-        limit = getattr(service(request).settings, exc.setting.removeprefix("SETPO_").lower())
         message = (
-            f"server is busy ({exc.queued_texts} texts, {exc.queued_tokens} tokens queued, {exc.setting}={limit}); "
+            f"server is busy ({exc.queued_texts} texts, {exc.queued_tokens} tokens queued, {exc.setting}={exc.limit}); "
             f"retry after {exc.retry_after} s"
         )
         raise ApiError(429, message, "overloaded", retry_after=exc.retry_after) from None
@@ -82,8 +75,6 @@ async def until_done_or_gone(request: Request, work: Awaitable[Any], param: str)
         raise ApiError(
             503, f"the service failed and is restarting: {exc}", "unavailable", retry_after=LOADING_RETRY_AFTER
         ) from None
-    except ScoringError as exc:
-        raise ApiError(422, exc.message, "invalid_request_error", exc.param) from None
 
 
 def error_response(error: ApiError, request: Request | None = None) -> JSONResponse:
@@ -122,6 +113,10 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
     return error_response(ApiError(422, message, "invalid_request_error", field_path(first["loc"])), request)
 
 
+def _refused(request: Request, exc: Refused) -> JSONResponse:
+    return error_response(ApiError(422, exc.message, "invalid_request_error", exc.param), request)
+
+
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     kinds = {404: "not_found", 405: "method_not_allowed"}
     return error_response(
@@ -139,6 +134,7 @@ def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, lambda request, exc: error_response(exc, request))
     # Starlette types a handler as taking any Exception; each of these is registered for its own class only
+    app.add_exception_handler(Refused, _refused)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

@@ -16,7 +16,7 @@ UVICORN_ACCESS = '%s - "%s %s HTTP/%s" %d'  # uvicorn's access line: client, met
 # Characters of a request's path an access line keeps: a path may be as long as SETPO_MAX_HEADER_BYTES, and one
 # caller's requests must not write 32 KiB lines into everyone's log.
 MAX_LOGGED_PATH = 200
-# The caller a key named (keys.py), set by metrics.RequestMetrics just before uvicorn writes the request's line
+# The caller a key named (api_keys.py), set by metrics.RequestMetrics just before uvicorn writes the request's line
 ACCESS_CALLER: ContextVar[str | None] = ContextVar("setpo_access_caller", default=None)
 
 

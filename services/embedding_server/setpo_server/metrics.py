@@ -5,10 +5,10 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from setpo_server.keys import ANONYMOUS
+from setpo_server.api_keys import ANONYMOUS
 from setpo_server.logs import ACCESS_CALLER
 
-# caller: the name of the key the request sent (keys.py), so as many values as the key file has names, or ANONYMOUS
+# caller: the name of the key the request sent (api_keys.py), so as many values as the key file has names, or ANONYMOUS
 REQUESTS = Counter("setpo_requests_total", "HTTP requests answered", ["route", "status", "caller"])
 LATENCY = Histogram(
     "setpo_request_duration_seconds",
@@ -18,10 +18,12 @@ LATENCY = Histogram(
 )
 QUEUE_TEXTS = Gauge("setpo_queue_texts", "Texts admitted and not yet embedded")
 QUEUE_TOKENS = Gauge("setpo_queue_tokens", "Tokens admitted and not yet embedded")
-REQUESTS_IN_PROGRESS = Gauge("setpo_requests_in_progress", "Data requests (/v1/*) being served")
+REQUESTS_IN_PROGRESS = Gauge(
+    "setpo_requests_in_progress", "Data requests (/v1/*) being served, answers being sent included"
+)
 ANSWERS_UNSENT = Gauge(
     "setpo_answers_unsent",
-    "Answers whose socket stopped taking them, held until sent or SETPO_WRITE_TIMEOUT; counted as in progress",
+    "Answers whose socket stopped taking them, until it takes more or SETPO_WRITE_TIMEOUT drops them",
 )
 BATCH_SIZE = Histogram(
     "setpo_batch_size", "Texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -1,84 +1,91 @@
-"""uvicorn's HTTP/1.1 protocol (httptools) with every byte a caller makes the service hold bounded in size and time.
+"""uvicorn's HTTP/1.1 protocol (httptools), bounded where uvicorn leaves a connection open-ended, before any body exists
+(docs/reliability.md, "What a caller cannot hold"):
 
-uvicorn bounds none of these itself (docs/reliability.md has each probe and its figures):
-- headers: a clock from the connection's or the request's first byte to the end of its headers
-  (SETPO_HEADER_TIMEOUT, then 408) and a byte count (SETPO_MAX_HEADER_BYTES, then 431), or a silent caller, a
-  slowloris or one endless header would hold a connection, a descriptor and memory;
-- leftover bodies: uvicorn cancels its keep-alive timer on *any* byte, so the unread rest of an answered request's
-  body, trickled a byte at a time, kept a connection forever; here only a new request does, so a connection whose
-  request was answered closes on the keep-alive timer whatever the parser is still waiting for;
-- descriptors: at SETPO_MAX_CONNECTIONS (default: the descriptor limit less a reserve) a new connection closes the
-  longest-idle one (between requests, or not yet begun), or, when every connection is busy, gets 503 and is closed:
-  refused in words, where running out of descriptors would refuse /health in silence;
-- answers nobody reads: an answer still unsent SETPO_WRITE_TIMEOUT after the socket stopped taking it is dropped
-  with its connection, and the memory it held goes back to the OS;
-- refusals (400 for bytes that are not HTTP, 408, 431, 501 for a transfer coding but chunked, 503: each in the
-  service's JSON error shape) come after the answers to the requests pipelined before them, and close lingering, as
-  nginx's lingering_close: what the caller still sends is read and dropped for up to `linger` seconds and a header's
-  worth of bytes, so that its answer is not lost to a reset.
+- a request's headers arrive within SETPO_HEADER_TIMEOUT (else 408) and SETPO_MAX_HEADER_BYTES (else 431); the clock
+  runs from the connection's or the request's first byte, or from a byte that comes between requests (the unread rest
+  of an answered body), to the end of the headers;
+- a transfer coding other than chunked gets 501 (httptools would pass the still-coded bytes on), and trailers count
+  with the headers (uvicorn would keep them all, for as long as they come);
+- at SETPO_MAX_CONNECTIONS a new connection closes the one idle longest, or gets 503 when every one is busy;
+- an answer the socket has not taken for SETPO_WRITE_TIMEOUT is dropped with its connection.
+
+Each refusal is the service's JSON error, after which the connection closes lingering: what the caller still sends is
+read and dropped for a moment, so that its answer is not lost to a reset. Written against uvicorn's protocol in the
+range setpo-server declares (pyproject.toml); `check_uvicorn` holds the installed one to it at start.
 """
 
 import asyncio
 import socket
 import struct
 import time
-from collections.abc import Callable
-from functools import partial
-from typing import TYPE_CHECKING
+from importlib import metadata
+from typing import Any
 
 import httptools
-from uvicorn._types import ASGI3Application
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from packaging.requirements import Requirement
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from setpo_server import metrics
-from setpo_server.keys import ANONYMOUS
-from setpo_server.runtime import MALLOC_TRIM
 from setpo_server.schemas import ErrorDetail, ErrorResponse
 
-if TYPE_CHECKING:
-    from setpo_server.state import ServiceState
+LINGER_SECONDS = 2.0  # after a refusal: long enough for what the caller had under way
+
+
+def check_uvicorn() -> str | None:
+    """Why the installed uvicorn is not one this protocol was written for, or None when it is."""
+    wanted = next(
+        req for text in metadata.requires("setpo-server") or [] if (req := Requirement(text)).name == "uvicorn"
+    )
+    found = metadata.version("uvicorn")
+    if found in wanted.specifier:
+        return None
+    return f"uvicorn {found} is installed; setpo-server's HTTP protocol (protocol.py) needs uvicorn{wanted.specifier}"
 
 
 class BoundedProtocol(HttpToolsProtocol):
-    # setpo-server sets these from the settings (cli.py)
-    header_timeout: float = 10.0
-    max_header_bytes: int = 32 * 1024
-    write_timeout: float = 30.0
-    max_connections: int = 1024
-    linger: float = 2.0  # not a setting: after a refusal, long enough for what the caller had under way
-    header_deadline: asyncio.TimerHandle | None = None  # the running header clock, per connection once started
-    write_deadline: asyncio.TimerHandle | None = None  # runs while the socket takes no more of an answer
-    header_bytes: int = 0  # received since the request began while its headers are incomplete, or since a refusal
-    in_headers: bool = True  # from the connection's or a request's first byte until its headers are complete
-    in_request: bool = False  # from a request's first byte until its answer is sent
-    idle_since: float = 0.0  # monotonic time it last became idle (between requests, or opened)
-    lingering: bool = False  # refused: what the caller sends from now on is dropped
-    refusal: Callable[[], None] | None = None  # a refusal held until the answers to the requests before it are sent
-    service: "ServiceState | None" = None  # setpo-server sets it: answers not taken count as requests in progress
-    answering: "RequestResponseCycle | None" = None  # the request whose answer is being written (pipelined: the first)
-    unsent_caller: str = ANONYMOUS  # whose answer the socket stopped taking: it holds one of that caller's places
+    """One connection. `setpo-server` makes each with the settings' bounds (cli.py)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        header_timeout: float,
+        max_header_bytes: int,
+        write_timeout: float,
+        max_connections: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout, self.max_header_bytes = header_timeout, max_header_bytes
+        self.write_timeout, self.max_connections = write_timeout, max_connections
+        self.header_deadline: asyncio.TimerHandle | None = None  # runs until a request's headers are complete
+        self.write_deadline: asyncio.TimerHandle | None = None  # runs while the socket takes no more of an answer
+        self.in_headers = False  # from a request's first byte until its headers are complete
+        self.header_bytes = 0  # of the request whose headers are arriving, or dropped since a refusal
+        self.heard_at = time.monotonic()  # when the caller last sent a byte: reclaim_idle closes the oldest first
+        self.lingering = False  # refused: what the caller sends from now on is dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
-        self.idle_since = time.monotonic()
         if len(self.connections) > self.max_connections and not self.reclaim_idle():
             metrics.CONNECTIONS_REFUSED.inc()
-            message = (
-                f"the service holds SETPO_MAX_CONNECTIONS={self.max_connections} connections, all busy; retry shortly"
-            )
-            self.refuse(503, "Service Unavailable", message, "overloaded", None, retry_after=1)
+            message = f"the service holds SETPO_MAX_CONNECTIONS={self.max_connections} connections, all busy"
+            self.refuse(503, "Service Unavailable", f"{message}; retry shortly", "overloaded", None, retry_after=1)
             return
         metrics.CONNECTIONS_OPEN.set(len(self.connections))
         self.start_header_clock()  # a caller that connects and says nothing
 
+    def busy(self) -> bool:
+        """Its headers are arriving, or a request of it is being answered."""
+        return self.in_headers or (self.cycle is not None and not self.cycle.response_complete)
+
     def reclaim_idle(self) -> bool:
-        """Close the connection idle longest (no request under way) to make room; False if every one is busy."""
-        idle = [c for c in self.connections if c is not self and isinstance(c, BoundedProtocol) and not c.in_request]
+        """Close the connection idle longest to make room; False if every one is busy."""
+        idle = [c for c in self.connections if c is not self and isinstance(c, BoundedProtocol) and not c.busy()]
         if not idle:
             return False
-        oldest = min(idle, key=lambda c: c.idle_since)
+        oldest = min(idle, key=lambda c: c.heard_at)
         oldest.transport.close()
-        oldest.connections.discard(oldest)  # room now, not when the loop gets round to connection_lost
+        self.connections.discard(oldest)  # room now, not when the loop gets round to its connection_lost
         metrics.CONNECTIONS_RECLAIMED.inc()
         return True
 
@@ -88,53 +95,31 @@ class BoundedProtocol(HttpToolsProtocol):
             if self.header_bytes > self.max_header_bytes:  # not a line under way but a flood: cut it now
                 self.transport.close()
             return
-        # As uvicorn's, but leftover body bytes no longer cancel the keep-alive timer (on_message_begin does), and
-        # header bytes are counted: httptools keeps an unfinished header line whole, however long it grows.
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            if not self.lingering:  # lingering: a callback refused the request (on_headers_complete) and stopped it
-                self.send_400_response("Invalid HTTP request received.")
-            return
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
-            return
-        if self.in_headers:  # counted after the feed: a chunk that ends the headers may carry body bytes too
-            self.header_bytes += len(data)
+        self.heard_at = time.monotonic()
+        super().data_received(data)
+        if self.in_headers:  # counted after the parse: a read that ends the headers may carry body bytes too
+            self.header_bytes += len(data)  # httptools keeps an unfinished header line whole, however long it grows
             if self.header_bytes > self.max_header_bytes and not self.transport.is_closing():
                 self.headers_too_large()
+        elif self.cycle is not None and self.cycle.response_complete:
+            # uvicorn stops its keep-alive timer on any byte: the unread rest of an answered body, trickled, would
+            # hold the connection for ever; the header clock does not stop for it
+            self.start_header_clock()
 
     def send_400_response(self, msg: str) -> None:
-        """Bytes that are not HTTP (a request line, a header, a body's framing): uvicorn's 400, sent as every other
-        answer is, the service's JSON error. A body broken mid-request is answered at once, as uvicorn did, and its
-        handler told its caller went: else it would wait for the rest until SETPO_RECEIVE_TIMEOUT, holding its place."""
-        message = f"{msg} The request line, a header or the body's framing is not HTTP/1.1."
-        cycle = self.cycle
-        under_way = cycle is not None and cycle.more_body and not cycle.response_started
-        if cycle is not None and under_way:
-            cycle.disconnected = True
-            cycle.message_event.set()
-        self.refuse(400, "Bad Request", message, "invalid_request_error", None, at_once=under_way)
-
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        """uvicorn starts a request's app here, when the requests pipelined before it are answered."""
-        self.answering = cycle
-        super()._start_asgi_task(cycle, app)
+        if not self.lingering:  # a refusal of ours stopped the parser (on_headers_complete): it is answered already
+            super().send_400_response(msg)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._unset_keepalive_if_required()  # a new request: the connection is no longer idle
-        self.in_request, self.in_headers, self.header_bytes = True, True, 0
+        self.in_headers, self.header_bytes = True, 0
         self.start_header_clock()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.in_headers:
             super().on_header(name, value)
             return
-        # A trailer, after a chunked body: uvicorn would keep every one, ~14x its bytes, for as long as the caller
+        # A trailer, after a chunked body: uvicorn would keep every one, many times its bytes, for as long as the caller
         # sends them. The service reads none: each is counted with the headers and dropped, and a flood cut off.
         self.header_bytes += len(name) + len(value) + 4
         if self.header_bytes > self.max_header_bytes and not self.transport.is_closing():
@@ -149,7 +134,7 @@ class BoundedProtocol(HttpToolsProtocol):
             self.headers_too_large()
             raise httptools.HttpParserCallbackError("refused: 431")  # stops the parse; the rest is dropped
         codings = b", ".join(value for name, value in self.headers if name == b"transfer-encoding").decode("latin-1")
-        if codings.replace(" ", "").lower() not in ("", "chunked"):  # httptools would pass the still-coded bytes on
+        if codings.replace(" ", "").lower() not in ("", "chunked"):
             message = (
                 f"Transfer-Encoding {codings[:100]!r} is not implemented; send the body chunked or with Content-Length"
             )
@@ -157,23 +142,12 @@ class BoundedProtocol(HttpToolsProtocol):
             raise httptools.HttpParserCallbackError("refused: 501")
         super().on_headers_complete()
 
-    def on_response_complete(self) -> None:
-        if not self.pipeline:
-            self.in_request, self.idle_since = False, time.monotonic()
-        super().on_response_complete()
-        if self.refusal is not None and not self.transport.is_closing():
-            self.refusal()  # its turn, unless a pipelined request before it is still being answered
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_header_clock()
-        # An answer still unsent (its caller went, or answer_not_taken dropped it): its place is given back and its
-        # pages go back to the OS, not to a heap that keeps them.
         if self.write_deadline is not None:
             self.write_deadline.cancel()
             self.write_deadline = None
-            self.count_unsent(-1)
-            if MALLOC_TRIM is not None:
-                MALLOC_TRIM(0)
+            metrics.ANSWERS_UNSENT.dec()
         super().connection_lost(exc)
         metrics.CONNECTIONS_OPEN.set(len(self.connections))
 
@@ -182,29 +156,18 @@ class BoundedProtocol(HttpToolsProtocol):
         super().pause_writing()
         if self.write_deadline is None:
             self.write_deadline = self.loop.call_later(self.write_timeout, self.answer_not_taken)
-            self.count_unsent(1)
+            metrics.ANSWERS_UNSENT.inc()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         if self.write_deadline is not None:
             self.write_deadline.cancel()
             self.write_deadline = None
-            self.count_unsent(-1)
-
-    def count_unsent(self, change: int) -> None:
-        """An answer the socket stopped taking holds its memory until sent or dropped: admission counts it as a
-        request in progress, its caller's (auth.require_key put the name in the request's state), so that
-        SETPO_MAX_CONCURRENT_REQUESTS bounds what unread answers can pin, and SETPO_MAX_REQUESTS_PER_CALLER what one
-        caller's can."""
-        if self.service is not None:
-            if change > 0 and self.answering is not None:  # not self.cycle: a pipelined request queued behind it
-                self.unsent_caller = self.answering.scope.get("state", {}).get("caller", ANONYMOUS)
-            self.service.unsent_answers += change
-            self.service.hold(self.unsent_caller, change)
-            metrics.ANSWERS_UNSENT.set(self.service.unsent_answers)
+            metrics.ANSWERS_UNSENT.dec()
 
     def answer_not_taken(self) -> None:
-        """SETPO_WRITE_TIMEOUT ran out: the answer is dropped with its connection (connection_lost frees the rest)."""
+        """SETPO_WRITE_TIMEOUT ran out: the answer is dropped with its connection; its handler, waiting for the socket,
+        then ends and gives back the request's place (admission.limit_in_progress)."""
         metrics.CONNECTIONS_WRITE_TIMED_OUT.inc()
         sock = self.transport.get_extra_info("socket")
         if sock is not None:  # a reset, not a close: the kernel would otherwise keep the unsent rest for minutes
@@ -234,26 +197,17 @@ class BoundedProtocol(HttpToolsProtocol):
         self.refuse(431, "Request Header Fields Too Large", message, "invalid_request_error", "headers")
 
     def refuse(
-        self,
-        status: int,
-        reason: str,
-        message: str,
-        kind: str,
-        param: str | None,
-        retry_after: int | None = None,
-        at_once: bool = False,
+        self, status: int, reason: str, message: str, kind: str, param: str | None, retry_after: int | None = None
     ) -> None:
-        """Answer in the service's JSON error shape from the connection itself, after the answers to the requests
-        pipelined before this one (HTTP/1.1 answers in order), and close it lingering: closed at once with the
-        caller's next bytes unread, the kernel would send a reset, which can cost the caller the answer it has not
-        read yet (docs/reliability.md). at_once: the request under way is the one refused, nothing before it to wait
-        for."""
-        self.lingering, self.header_bytes = True, 0
+        """Answer in the service's JSON error shape from the connection itself, then close it lingering: closed at
+        once with the caller's next bytes unread, the kernel would send a reset, which can cost the caller the answer
+        it has not read yet. While an earlier request of the connection is still being answered (pipelined), that
+        answer goes out whole and the connection closes after it, without this one's."""
+        self.lingering, self.in_headers, self.header_bytes, self.heard_at = True, False, 0, 0.0  # reclaimed first
         self.stop_header_clock()
-        if not at_once and self.cycle is not None and not self.cycle.response_complete:
-            self.refusal = partial(self.refuse, status, reason, message, kind, param, retry_after)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # uvicorn closes the connection once that answer is sent
             return
-        self.refusal = None
         body = ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param)).model_dump_json().encode()
         retry = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
         head = (
@@ -262,5 +216,4 @@ class BoundedProtocol(HttpToolsProtocol):
         )
         self.transport.write(head.encode() + body)
         self.transport.write_eof()
-        self.in_request, self.idle_since = False, 0.0  # the first connection reclaim_idle closes when room is needed
-        self.loop.call_later(self.linger, self.transport.close)
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)

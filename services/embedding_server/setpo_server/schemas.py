@@ -1,19 +1,71 @@
-"""The HTTP contract (v1.1, compatible with v1), once: request and response bodies as pydantic models.
+"""The HTTP contract (v1.1, compatible with v1), once: request and response bodies as pydantic models, and the one
+place a request's content is refused.
 
-These models are the source of truth. FastAPI publishes them in /openapi.json, and the client's own types
-are tested against that schema (tests/client/test_schema_drift.py).
+These models are the source of truth. FastAPI publishes them in /openapi.json, and the client's own types are tested
+against that schema (tests/client/test_schema_drift.py). A body parses with `Served` as pydantic's validation context
+(admission.read_request): then each request's `_within_limits` holds it to the settings' limits and to the contract's
+rules between fields, and a refusal names the field at fault (`Refused`, a 422; 400 on /v1/embeddings).
 """
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from setpo_server.settings import Settings
+
+# Leave-one-out marginals need pairs left once a member is removed: the least members a group may have.
+MIN_GROUP = 3
 # JSON numbers only (strict: no "1.5" strings, no booleans), and never NaN or infinity.
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # The widest embedding row accepted: 4x today's widest embedders. Checked while the body parses, so one group's
 # rows never hold more than 256 x 16384 Python floats before they become an array (docs/reliability.md).
 MAX_EMBEDDING_DIM = 16384
+# The most one member of a /v1/diversity answer can take: five numbers of at most 24 characters (marginal, local mass,
+# advantage, bonus, and room for separators), and a share of its group's own 160 bytes (a group has MIN_GROUP or more).
+ANSWER_BYTES_PER_ROW = 5 * 24 + 160 // MIN_GROUP + 1
+# Per /v1/embeddings vector beside its numbers: its index, the object's name and separators.
+ANSWER_BYTES_PER_VECTOR = 48
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a request body is held to as it parses (pydantic's validation context): the settings' limits and the
+    served model (the names it answers to, SETPO_SERVED_MODEL_NAME or its own; the path it was loaded from; its width)."""
+
+    settings: Settings
+    model_names: list[str]
+    model_path: str
+    dimension: int
+
+
+class Refused(Exception):
+    """A request over a limit or against the contract: `message` says what to do, `param` names the field at fault.
+    Not a ValueError, so pydantic lets it through as it is rather than as one of its own errors."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+def echoed(value: str, limit: int = 100) -> str:
+    """Something the caller sent, quoted for an error message and cut to `limit` characters: an error names what is
+    wrong, it never hands a caller's body back."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def max_request_rows(settings: Settings) -> int:
+    """Rows one /v1/diversity request may carry: SETPO_MAX_REQUEST_ROWS, and as many as SETPO_MAX_RESPONSE_BYTES can
+    answer (/info reports this, so a client packs by it alone)."""
+    return min(settings.max_request_rows, settings.max_response_bytes // ANSWER_BYTES_PER_ROW)
+
+
+def refuse_long_texts(texts: list[str] | list[str | None], settings: Settings, param: str) -> None:
+    for j, text in enumerate(texts):
+        if text is not None and len(text) > settings.max_text_chars:
+            message = f"text has {len(text)} characters, more than SETPO_MAX_TEXT_CHARS={settings.max_text_chars}"
+            raise Refused(message, f"{param}[{j}]")
 
 
 Kernel = Literal["embedding", "hybrid", "key"]
@@ -44,8 +96,8 @@ class Group(BaseModel):
         if self.texts is None and self.embeddings is None and self.keys is None:
             raise ValueError("give exactly one of 'texts' or 'embeddings' (or, with kernel 'key', 'keys' alone)")
         size = self.size
-        if size < 3:
-            raise ValueError(f"has {size} members; leave-one-out marginals need at least 3")
+        if size < MIN_GROUP:
+            raise ValueError(f"has {size} members; leave-one-out marginals need at least {MIN_GROUP}")
         if self.embeddings is not None:
             dims = {len(row) for row in self.embeddings}
             if len(dims) > 1:
@@ -91,6 +143,54 @@ class DiversityRequest(BaseModel):
         description="v1.1: 'none' (the default; the paper) or 'zscore' (marginals standardised over the scored "
         "members).",
     )
+
+    @model_validator(mode="after")
+    def _within_limits(self, info: ValidationInfo) -> "DiversityRequest":
+        """Contract v1.1's rules between fields, and, for a body (with its context), the limits; each refusal names
+        the group or field at fault."""
+        for b, group in enumerate(self.groups):
+            if self.min_reward is not None and group.rewards is None:
+                raise Refused(
+                    "min_reward scores members by reward: give 'rewards' in every group", f"groups[{b}].rewards"
+                )
+            if self.kernel in (None, "embedding") and group.keys is not None:
+                message = "'keys' are used only by kernel 'hybrid' or 'key'; the 'embedding' kernel (the default) ignores them"
+                raise Refused(message, f"groups[{b}].keys")
+            if self.kernel == "key" and group.keys is None:
+                raise Refused(
+                    "kernel 'key' compares members by key alone: give 'keys' in every group", f"groups[{b}].keys"
+                )
+            if self.kernel != "key" and group.texts is None and group.embeddings is None:
+                raise Refused(f"kernel {self.kernel!r} embeds members: give 'texts' or 'embeddings'", f"groups[{b}]")
+        if not isinstance(info.context, Served):
+            return self  # built in code, not read from a body: no limits
+        settings = info.context.settings
+        if len(self.groups) > settings.max_groups:
+            message = (
+                f"request has {len(self.groups)} groups, more than SETPO_MAX_GROUPS={settings.max_groups}; split it"
+            )
+            raise Refused(message, "groups")
+        for b, group in enumerate(self.groups):
+            if group.size > settings.max_group_size:
+                message = f"group has {group.size} members, more than SETPO_MAX_GROUP_SIZE={settings.max_group_size}"
+                raise Refused(message, f"groups[{b}]")
+            refuse_long_texts(group.texts or [], settings, f"groups[{b}].texts")
+            refuse_long_texts(group.keys or [], settings, f"groups[{b}].keys")
+        rows = sum(group.size for group in self.groups)
+        if rows > settings.max_request_rows:
+            message = (
+                f"request has {rows} texts and embedding rows, more than SETPO_MAX_REQUEST_ROWS="
+                f"{settings.max_request_rows}; split it"
+            )
+            raise Refused(message, "groups")
+        if rows > max_request_rows(settings):
+            message = (
+                f"the answer to {rows} texts and embedding rows could take {rows * ANSWER_BYTES_PER_ROW} bytes "
+                f"({ANSWER_BYTES_PER_ROW} a row), more than SETPO_MAX_RESPONSE_BYTES={settings.max_response_bytes}; "
+                "split the request"
+            )
+            raise Refused(message, "groups")
+        return self
 
     @property
     def is_v1(self) -> bool:
@@ -148,6 +248,42 @@ class EmbeddingsRequest(BaseModel):
         if isinstance(value, list) and not value:
             raise ValueError("input is an empty list; send at least one string")
         return value
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else self.input
+
+    @model_validator(mode="after")
+    def _within_limits(self, info: ValidationInfo) -> "EmbeddingsRequest":
+        """For a body (with its context): the served model, its width, and the limits; each refusal names the field."""
+        if not isinstance(info.context, Served):
+            return self
+        served, settings = info.context, info.context.settings
+        if self.model is not None and self.model not in (*served.model_names, served.model_path):
+            names = " / ".join(map(repr, served.model_names))
+            raise Refused(f"this server serves model {names}, not {echoed(self.model)}", "model")
+        if self.dimensions is not None and self.dimensions > served.dimension:
+            raise Refused(f"dimensions={self.dimensions} is more than the model's {served.dimension}", "dimensions")
+        texts = self.texts
+        if len(texts) > settings.max_embedding_inputs:
+            message = (
+                f"input has {len(texts)} texts, more than SETPO_MAX_EMBEDDING_INPUTS={settings.max_embedding_inputs}; "
+                "split it"
+            )
+            raise Refused(message, "input")
+        refuse_long_texts(texts, settings, "input")
+        dims = self.dimensions or served.dimension
+        # base64 of float32 is 4 * ceil(4 d / 3) characters; a JSON float at most 24
+        per_vector = 4 * -(-4 * dims // 3) if self.encoding_format == "base64" else 24 * dims
+        estimate = len(texts) * (per_vector + ANSWER_BYTES_PER_VECTOR)
+        if estimate > settings.max_response_bytes:
+            base64 = "ask for encoding_format 'base64', " if self.encoding_format == "float" else ""
+            message = (
+                f"the answer would take about {estimate} bytes, more than SETPO_MAX_RESPONSE_BYTES="
+                f"{settings.max_response_bytes}; {base64}send fewer inputs, or split the request"
+            )
+            raise Refused(message, "input")
+        return self
 
 
 class Embedding(BaseModel):

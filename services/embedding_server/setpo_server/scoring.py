@@ -1,6 +1,6 @@
 """The scoring stage: a request's texts become rows once, each group gets its slice of them, and the groups are
-scored in chunks through setpo_core. It raises ScoringError, never HTTP types (errors.py maps it). One stage per
-module: docs/development.md, "A request's path through the service".
+scored in chunks through setpo_core. Its one refusal, advantages that overflow, is schemas.Refused, never an HTTP type.
+One stage per module: docs/development.md, "A request's path through the service".
 """
 
 import torch
@@ -9,21 +9,13 @@ from starlette.concurrency import run_in_threadpool
 from setpo_core.diversity import cosine_kernel, group_advantages, kernel_saturation, set_diversity
 from setpo_core.solutions import hybrid_kernel, key_kernel, scoped_marginals, standardized
 from setpo_server import metrics
+from setpo_server.api_keys import ANONYMOUS
 from setpo_server.batcher import Batcher, Embedded
-from setpo_server.keys import ANONYMOUS
-from setpo_server.schemas import DiversityRequest, DiversityUsage, GroupResult
+from setpo_server.schemas import MIN_GROUP, DiversityRequest, DiversityUsage, GroupResult, Refused
 
 # Rows of one scoring chunk: its (B, G, G) kernel and set_diversity's few temporaries of that shape hold at most
 # SCORE_CHUNK_ROWS * G values (8 MB in float64 at G = 256), whatever the request's size.
 SCORE_CHUNK_ROWS = 4096
-
-
-class ScoringError(Exception):
-    """The request's data cannot be scored; `param` names the field at fault."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.message, self.param = message, param
 
 
 async def embed_texts(batcher: Batcher, texts: list[str], caller: str = ANONYMOUS) -> Embedded:
@@ -38,32 +30,9 @@ async def embed_texts(batcher: Batcher, texts: list[str], caller: str = ANONYMOU
     )
 
 
-def check_scope(request: DiversityRequest) -> None:
-    """Contract v1.1's rules between fields, each refusal naming the group at fault."""
-    for b, group in enumerate(request.groups):
-        if request.min_reward is not None and group.rewards is None:
-            raise ScoringError(
-                "min_reward scores members by reward: give 'rewards' in every group", f"groups[{b}].rewards"
-            )
-        if request.kernel in (None, "embedding") and group.keys is not None:
-            message = (
-                "'keys' are used only by kernel 'hybrid' or 'key'; the 'embedding' kernel (the default) ignores them"
-            )
-            raise ScoringError(message, f"groups[{b}].keys")
-        if request.kernel == "key" and group.keys is None:
-            raise ScoringError(
-                "kernel 'key' compares members by key alone: give 'keys' in every group", f"groups[{b}].keys"
-            )
-        if request.kernel != "key" and group.texts is None and group.embeddings is None:
-            raise ScoringError(
-                f"kernel {request.kernel!r} embeds members: give 'texts' or 'embeddings'", f"groups[{b}]"
-            )
-
-
 async def score_request(
     request: DiversityRequest, batcher: Batcher, weight: float, shape: str, caller: str = ANONYMOUS
 ) -> tuple[list[GroupResult], DiversityUsage]:
-    check_scope(request)
     groups = request.groups
     embeds = request.kernel != "key"  # the key kernel needs no model call
     texts = [text for group in groups if group.texts is not None and embeds for text in group.texts]
@@ -136,13 +105,13 @@ def score_groups(request: DiversityRequest, embedded: Embedded | None, weight: f
             finite = advantages.isfinite().all(dim=-1).tolist()
             # one conversion per chunk, not per group: thousands of groups share a chunk
             scored_counts = in_scope.sum(dim=-1)
-            scored = torch.where(scored_counts >= 3, scored_counts, 0).tolist()
+            scored = torch.where(scored_counts >= MIN_GROUP, scored_counts, 0).tolist()
             marginal_rows, masses, scores = marginals.tolist(), whole.local_mass.tolist(), whole.set_score.tolist()
             shaped, bonuses = advantages.tolist(), bonus.tolist()
             for row, b in enumerate(indices):
                 if groups[b].rewards is not None and not finite[row]:
                     message = "shaped advantages overflow float64; rescale the rewards or lower the weight"
-                    raise ScoringError(message, f"groups[{b}].rewards")
+                    raise Refused(message, f"groups[{b}].rewards")
                 results[b] = GroupResult(
                     marginals=marginal_rows[row],
                     local_mass=masses[row],

@@ -12,7 +12,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, CliSuppress, NoDecode, SettingsConfigDict
 
 from setpo_core.diversity import SHAPES
-from setpo_server.keys import parse_keys, read_key_file
+from setpo_server.api_keys import parse_keys, read_key_file
 
 
 class Settings(BaseSettings):
@@ -149,7 +149,7 @@ class Settings(BaseSettings):
     @field_validator("api_key_file")
     @classmethod
     def _keys_in_file(cls, path: Path | None) -> Path | None:
-        # At start a key file must give keys: later a broken one keeps the keys in force (keys.py); here there are none
+        # At start a key file must give keys: later a broken one keeps the keys in force (api_keys.py); here there are none
         if path is not None:
             try:
                 parse_keys(read_key_file(path))
