@@ -2,7 +2,6 @@
 v1 ReplayBuffer over a real local TransferQueue drops every group whose rewards are all equal before the advantage
 step; with min_reward the plug-in keeps the all-correct groups whose shaped advantages still differ."""
 
-import logging
 import types
 from collections import Counter
 
@@ -14,7 +13,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from setpo_client import SetpoClient
-from setpo_client.integrations.verl import check_start
+from setpo_client.integrations.verl.start import check_start
 from setpo_client.shaping import SetpoShaper
 
 from . import test_verl_v1
@@ -187,16 +186,10 @@ def test_would_shape_says_whether_the_bonus_would_set_the_members_apart(kernel, 
     assert not would_shape(shaper, [*texts[:2], None], [1.0] * 3)  # fewer than 3 scorable
 
 
-def test_a_bad_keep_groups_is_refused_and_v0s_ignored_filter_is_said_at_start(server, caplog):
+def test_a_bad_keep_groups_is_refused(server):
     config = verl_config(*setpo(server.url, "+algorithm.setpo.keep_groups=maybe"))
     with pytest.raises(ValueError, match=r"\+algorithm\.setpo\.keep_groups"):
         check_start(config, get_trainer_cls("sync"))
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-
-    config = verl_config("trainer.use_v1=false", "algorithm.filter_groups.enable=true", *setpo(server.url))
-    with caplog.at_level(logging.WARNING, logger="setpo_client.verl"):
-        check_start(config, RayPPOTrainer)
-    assert "v0 trainer (trainer.use_v1=false) ignores algorithm.filter_groups" in caplog.text
 
 
 def test_a_verl_whose_dapo_filter_is_not_the_plug_ins_is_refused_at_start(server, monkeypatch):

@@ -9,7 +9,8 @@ import verl
 from hydra import compose, initialize_config_dir
 from verl.trainer.ppo.v1 import get_trainer_cls
 
-from setpo_client.integrations.verl import check_start, setpo_settings, shaper_for
+from setpo_client.integrations.verl.settings import setpo_settings, shaper_for
+from setpo_client.integrations.verl.start import check_start
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "trl-and-verl.md"
 

@@ -1,32 +1,27 @@
 """SetPO off the critical path on veRL (issue 39.4): the step's scoring starts before veRL's first pass between the
 reward and the advantage step (old log-probs; reference or values in bypass mode), runs while that pass does, and
-the advantage step collects it. Through veRL's real passes: v1's PPOTrainer._compute_old_log_prob over a real local
-TransferQueue and v0's RayPPOTrainer._compute_old_log_prob on a real DataProto, each with a stand-in actor worker
-group (the model's forward pass is the one thing not run here), against a real setpo-server. The answer applied is
+the advantage step collects it. Through veRL's real pass, v1's PPOTrainer._compute_old_log_prob over a real local
+TransferQueue, with a stand-in actor worker group (the model's forward pass is the one thing not run here), against
+a real setpo-server. The answer applied is
 the synchronous path's; a batch that changed between the two halves is scored again, never given the other's answer;
 no setpo-step thread outlives its step."""
 
 import itertools
 import threading
 import time
-import types
 from concurrent.futures import wait
 
 import pytest
 import torch
 import verl  # noqa: F401  (loads the plug-in)
 from omegaconf import OmegaConf
-from verl.trainer.ppo import ray_trainer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
-from verl.utils import tensordict_utils as tu
 
-from setpo_client.integrations.verl import shaper_for
+from setpo_client import SetpoError
+from setpo_client.integrations.verl.settings import shaper_for
 from setpo_server.local import free_port
-from setpo_trainer.models import smollm2_path
 
 from . import test_verl_v1
-from .test_verl_plugin import REWARDS as V0_REWARDS
-from .test_verl_plugin import advantages, algorithm, rollout_batch
 from .test_verl_v1 import ANSWERS, REWARDS, WEIGHT, advantages_per_row, put_rollouts
 
 transfer_queue, tokenizer = test_verl_v1.transfer_queue, test_verl_v1.tokenizer  # its fixtures, for this module too
@@ -45,9 +40,9 @@ def no_step_thread_left() -> bool:
 class Actor:
     """A stand-in actor worker group: each log-prob pass records which SetPO step was in flight when it ran, and
     lasts until that step's requests are answered (a pass longer than SetPO's). It gives every token log-prob -1,
-    as put_rollouts' and rollout_batch's old log-probs; v1 writes them to TransferQueue, v0 returns them."""
+    as put_rollouts' old log-probs, and writes them to TransferQueue as veRL's workers do."""
 
-    def __init__(self, shaper, tq=None):
+    def __init__(self, shaper, tq):
         self.shaper, self.tq, self.seen = shaper, tq, []
 
     def compute_log_prob(self, batch):
@@ -55,9 +50,6 @@ class Actor:
         self.seen.append(pending)
         if pending is not None and pending.work is not None:
             wait([pending.work])
-        return self.v1(batch) if self.tq is not None else self.v0(batch)
-
-    def v1(self, batch):
         from tensordict import TensorDict
 
         got = self.tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
@@ -67,13 +59,6 @@ class Actor:
         fields = TensorDict({"log_probs": nested, "entropy": nested.abs()}, batch_size=len(batch))
         self.tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         return batch
-
-    def v0(self, batch_td):
-        tokens = batch_td["input_ids"].values()  # (total tokens,): no padding
-        log_probs = torch.full(tokens.shape, -1.0)
-        return tu.get_tensordict(
-            {"log_probs": log_probs, "entropy": log_probs.abs()}, non_tensor_dict={"metrics": {"mfu": 0.0}}
-        )
 
 
 def v1_trainer(tokenizer, actor, rollout_correction=None, **setpo):
@@ -167,6 +152,8 @@ def test_v1_a_service_that_is_down_costs_a_step_no_more_than_its_budget(transfer
         _, metrics, _, _ = v1_step(transfer_queue, tokenizer, partition, settings)
         assert time.monotonic() - began < 2 * budget, partition
     assert metrics["setpo/fallback_steps"] == 2
+    with pytest.raises(SetpoError, match="on_error='fail'"):  # the fault policy's other branch stops the run
+        v1_step(transfer_queue, tokenizer, "down-fail", {**settings, "on_error": "fail"})
 
 
 def test_v1_a_batch_other_than_the_one_submitted_gets_its_own_answer_never_the_others(
@@ -215,56 +202,3 @@ def test_v1_with_sequence_level_rejection_the_step_is_scored_at_the_advantage_st
         transfer_queue, tokenizer, "seq-rejection-sync", fresh(server.url), rollout_correction=correction
     )
     assert shaped == pytest.approx(expected, abs=1e-6) and metrics["setpo/dropped_steps"] == 0
-
-
-def v0_batch(tokenizer, answers=None):
-    """rollout_batch's DataProto with what veRL's v0 log-prob pass reads besides: the prompt and response ids and
-    their positions, and the reward model's rm_scores (which veRL later makes the token-level scores)."""
-    data = rollout_batch(tokenizer, V0_REWARDS, **({"answers": answers} if answers else {}))
-    data.batch["input_ids"] = torch.cat([data.batch["prompts"], data.batch["responses"]], 1)
-    data.batch["position_ids"] = (data.batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    data.batch["rm_scores"] = data.batch["token_level_scores"].clone()
-    return data
-
-
-def v0_step(tokenizer, settings, answers=None, collect=None):
-    """One v0 step as RayPPOTrainer.fit runs it: the old-log-prob pass (its output joined to the batch), then the
-    advantage step (on `collect` when given). (advantages, the batch after, submitted, actor)."""
-    data = v0_batch(tokenizer, answers)
-    shaper = shaper_for(settings)
-    actor = Actor(shaper)
-    config = OmegaConf.create({"actor_rollout_ref": {"actor": {}}, "algorithm": algorithm(**settings)})
-    owner = types.SimpleNamespace(config=config, actor_rollout_wg=actor)
-    old_log_prob, _ = ray_trainer.RayPPOTrainer._compute_old_log_prob(owner, data)
-    data.batch["old_log_probs"] = old_log_prob.batch["old_log_probs"]  # as fit joins them
-    submitted = shaper.pending
-    shaped, out = advantages(collect if collect is not None else data, algorithm(**settings))
-    return shaped, out, submitted, actor
-
-
-def v0_settings(url: str) -> dict:
-    return fresh(url, tokenizer=str(smollm2_path()))
-
-
-def test_v0_scoring_starts_before_the_old_log_prob_pass_and_the_advantage_step_applies_that_answer(tokenizer, server):
-    shaped, out, submitted, actor = v0_step(tokenizer, v0_settings(server.url))
-    assert submitted is not None and actor.seen == [submitted]  # in flight while veRL's pass ran its worker
-    with pytest.raises(RuntimeError, match="collected already"):
-        submitted.result()
-    expected, _ = advantages(v0_batch(tokenizer), algorithm(**v0_settings(server.url)))
-    assert torch.allclose(shaped, expected, atol=1e-6)
-    metrics = out.meta_info["setpo_metrics"]
-    assert metrics["setpo/wait_s"] < metrics["setpo/time_s"] and metrics["setpo/dropped_steps"] == 0
-    assert no_step_thread_left()
-
-
-def test_v0_a_batch_other_than_the_one_submitted_gets_its_own_answer_never_the_others(tokenizer, server, caplog):
-    other = [["seven", "3 + 4 = 7", "it is 7", "7"], ["ten", "5 + 5", "2 * 5 = 10", "X"], ["a", "b", "c", "d"]]
-    settings = v0_settings(server.url)
-    shaped, out, submitted, _ = v0_step(tokenizer, settings, collect=v0_batch(tokenizer, other))
-    with pytest.raises(RuntimeError, match="dropped for a later step's"):
-        submitted.result()
-    expected, _ = advantages(v0_batch(tokenizer, other), algorithm(**v0_settings(server.url)))
-    assert torch.allclose(shaped, expected, atol=1e-6)
-    assert out.meta_info["setpo_metrics"]["setpo/dropped_steps"] == 1 and "was for other rows" in caplog.text
-    assert no_step_thread_left()

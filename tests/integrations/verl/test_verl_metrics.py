@@ -10,7 +10,7 @@ from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.utils import MetricsAggregator
 
 from setpo_client import SetpoClient
-from setpo_client.integrations.verl import check_start
+from setpo_client.integrations.verl.start import check_start
 from setpo_client.shaping import SetpoShaper
 from setpo_client.weight import WeightController
 

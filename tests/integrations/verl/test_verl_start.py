@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.v1 import get_trainer_cls
 
 from setpo_client import SetpoError
-from setpo_client.integrations.verl import check_start, setpo_settings, shaper_for
+from setpo_client.integrations.verl.settings import setpo_settings, shaper_for
+from setpo_client.integrations.verl.start import TESTED_RANGE, check_start
 from setpo_server.local import LocalServer, free_port
 
 from .conftest import ROOT_VENV_PYTHON
@@ -48,8 +49,9 @@ def keyed_server():
         (["actor_rollout_ref.rollout.n=2"], r"rollout.n >= 3"),
         (["algorithm.adv_estimator=gae"], r"group advantage estimator"),
         (["+algorithm.setpo.api_key=abc"], r"api_key is refused"),
+        (["~algorithm.setpo.url"], r"needs \+algorithm.setpo.url=<setpo service URL>"),
     ],
-    ids=["n<3", "not-a-group-estimator", "key-in-config"],
+    ids=["n<3", "not-a-group-estimator", "key-in-config", "no-url"],
 )
 def test_the_real_v1_trainer_refuses_settings_setpo_cannot_work_with(server, overrides, match):
     config = verl_config(*setpo(server.url), *overrides)
@@ -128,15 +130,12 @@ def test_the_verl_extra_declares_the_range_the_plugin_accepts():
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
 
-    from setpo_client.integrations import verl as plugin
-
     extras = tomllib.loads((Path(__file__).parents[3] / "clients/python/pyproject.toml").read_text())
     (declared,) = [Requirement(r) for r in extras["project"]["optional-dependencies"]["verl"]]
-    assert declared.name == "verl" and declared.specifier == SpecifierSet(
-        plugin.TESTED_RANGE
-    )  # one range: the extra's and the warning's
+    # one range: the extra's and the warning's
+    assert declared.name == "verl" and declared.specifier == SpecifierSet(TESTED_RANGE)
     for version in ("0.9.0", "0.9.1", "0.9.5", "0.8.3", "0.10.0"):
-        assert SpecifierSet(plugin.TESTED_RANGE).contains(version) == (version in declared.specifier)
+        assert SpecifierSet(TESTED_RANGE).contains(version) == (version in declared.specifier)
 
 
 @pytest.mark.parametrize(
@@ -283,29 +282,16 @@ def test_several_replicas_and_in_flight_compose_from_the_command_line_and_a_bad_
             shaper_for(setpo_settings(config.algorithm))
 
 
-def test_a_trainer_class_that_would_log_no_setpo_metrics_is_refused_and_the_legacy_one_is_not(server):
-    # veRL's experimental SeparateRayPPOTrainer calls the plug-in's compute_advantage, but logs its metrics
-    # through metric_utils.compute_data_metrics: it would shape every step and never say so
+def test_veRLs_legacy_trainers_are_refused_at_start_naming_use_v1(server):
+    # veRL 0.9 deprecates its legacy trainer (trainer.use_v1=false) and the plug-in hooks only the v1 one: a legacy
+    # run with SetPO on would train without it. Refused before the settings are read (tokenizer was its setting).
     from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    config = verl_config(*setpo(server.url))
-    with pytest.raises(RuntimeError, match=r"separation.ray_trainer.compute_data_metrics.*no setpo/\* metrics"):
-        SeparateRayPPOTrainer(config=config, tokenizer=None, role_worker_mapping={}, resource_pool_manager=None)
-    check_start(config, RayPPOTrainer)  # the legacy trainer calls both of the plug-in's functions
-
-
-def v1_utils_imports_compute_advantage_when_called(monkeypatch):
-    from verl.trainer.ppo.v1 import utils
-
-    monkeypatch.delattr(utils, "compute_advantage")
-
-
-def v1_utils_imports_compute_advantage_after_the_plug_in(monkeypatch):
-    from verl.trainer.ppo import ray_trainer
-    from verl.trainer.ppo.v1 import utils
-
-    monkeypatch.setattr(utils, "compute_advantage", ray_trainer.compute_advantage)  # the wrapper, not veRL's own
+    config = verl_config("trainer.use_v1=false", *setpo(server.url), "+algorithm.setpo.tokenizer=/models/qwen")
+    for trainer_class in (RayPPOTrainer, SeparateRayPPOTrainer):
+        with pytest.raises(RuntimeError, match=r"not veRL's v1 trainer.*Set trainer\.use_v1=True"):
+            trainer_class(config=config, tokenizer=None, role_worker_mapping={}, resource_pool_manager=None)
 
 
 def response_to_nested_moves(monkeypatch):
@@ -327,40 +313,53 @@ def the_padding_tag_is_renamed(monkeypatch):
     monkeypatch.setattr(padding_utils, "construct_minimal_padding_template", renamed)
 
 
-def the_agent_loop_keys_a_turn_too(monkeypatch):
-    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
-
-    async def postprocess(self, output, validate, **kwargs):  # a release that keys each turn of a session
-        outputs = output if isinstance(output, list) else [output]
-        return [f"{kwargs['uid']}_{kwargs['session_id']}_{turn}_{i}" for i, turn in enumerate(outputs)]
-
-    monkeypatch.setattr(AgentLoopWorkerTQ, "_agent_loop_postprocess", postprocess)
-
-
 def grpo_finds_a_sessions_final_output_another_way(monkeypatch):
-    from verl.trainer.ppo.v1 import utils
+    from verl.trainer.ppo.v1 import trainer_base, utils
 
     def by_tag(data, batch_keys, adv_estimator, **kwargs):  # a release that reads sessions from tags, not keys
         return utils.compute_advantage(data, adv_estimator=adv_estimator, **kwargs)
 
-    monkeypatch.setattr(utils, "compute_advantage_for_multi_trajectories", by_tag)
+    monkeypatch.setattr(trainer_base, "compute_advantage_for_multi_trajectories", by_tag)
+
+
+def grpo_reads_keys_of_another_form(monkeypatch):
+    from verl.trainer.ppo.v1 import trainer_base
+
+    real = trainer_base.compute_advantage_for_multi_trajectories
+
+    def four_parts(data, batch_keys, adv_estimator, **kwargs):  # a release that keys each turn of a session too
+        for key in batch_keys:
+            assert len(key.rsplit("_", 3)) == 4, f"Unexpected key format: {key}"
+        return real(data, batch_keys, adv_estimator, **kwargs)
+
+    monkeypatch.setattr(trainer_base, "compute_advantage_for_multi_trajectories", four_parts)
+
+
+def grpo_ranks_a_session_by_its_first_output(monkeypatch):
+    from verl.trainer.ppo.v1 import trainer_base
+
+    real = trainer_base.compute_advantage_for_multi_trajectories
+
+    def first(data, batch_keys, adv_estimator, **kwargs):  # output indices counted down: the first one is final
+        flipped = [f"{key.rsplit('_', 1)[0]}_{-int(key.rsplit('_', 1)[1])}" for key in batch_keys]
+        return real(data, flipped, adv_estimator, **kwargs)
+
+    monkeypatch.setattr(trainer_base, "compute_advantage_for_multi_trajectories", first)
 
 
 @pytest.mark.parametrize(
     "change,match",
     [
-        (the_agent_loop_keys_a_turn_too, r"\{uid\}_\{session_id\}_\{index\}"),
         (grpo_finds_a_sessions_final_output_another_way, r"\{uid\}_\{session_id\}_\{index\}"),
-        (v1_utils_imports_compute_advantage_when_called, r"verl.trainer.ppo.v1.utils.compute_advantage"),
-        (v1_utils_imports_compute_advantage_after_the_plug_in, r"verl.trainer.ppo.v1.utils.compute_advantage"),
+        (grpo_reads_keys_of_another_form, r"GRPO step failed on a multi-output session.*Unexpected key format"),
+        (grpo_ranks_a_session_by_its_first_output, r"\{uid\}_\{session_id\}_\{index\}"),
         (response_to_nested_moves, r"verl.workers.utils.padding.response_to_nested"),
         (the_padding_tag_is_renamed, r"is_padding"),
     ],
     ids=[
-        "agent-loop-key-format",
         "grpo-session-reading",
-        "v1-utils-lazy-import",
-        "v1-utils-sees-the-wrapper",
+        "grpo-key-format",
+        "grpo-final-output",
         "response_to_nested-moved",
         "padding-tag-renamed",
     ],
@@ -369,16 +368,3 @@ def test_a_verl_whose_internals_the_plug_in_relies_on_moved_is_refused_at_start(
     change(monkeypatch)  # what a later veRL release may do
     with pytest.raises(RuntimeError, match=match):
         get_trainer_cls("sync")(config=verl_config(*setpo(server.url)))
-
-
-def test_a_legacy_style_trainer_whose_module_bound_veRLs_own_rollout_correction_is_refused(server, monkeypatch):
-    # a trainer module that imported compute_rollout_correction_and_add_to_batch before the plug-in wrapped it
-    # would hand the plug-in a response_mask with the rejected tokens cut out of the text
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-
-    class MyTrainer(RayPPOTrainer):
-        pass
-
-    monkeypatch.setitem(globals(), "compute_rollout_correction_and_add_to_batch", lambda batch, config: (batch, {}))
-    with pytest.raises(RuntimeError, match=r"compute_rollout_correction_and_add_to_batch.*rejected tokens"):
-        check_start(verl_config(*setpo(server.url)), MyTrainer)

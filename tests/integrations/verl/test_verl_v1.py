@@ -152,6 +152,20 @@ def base_and_shaped(tq, tokenizer, name, rows=None, pad_to=None, policy=None, dp
     return list(base.values()), list(shaped.values()), metrics, keys
 
 
+@pytest.mark.parametrize("setpo", [{}, {"enable": False, "url": "http://unused"}], ids=["absent", "off"])
+def test_with_setpo_absent_or_off_the_advantage_step_is_verls_own(transfer_queue, tokenizer, setpo):
+    assert getattr(PPOTrainer._compute_advantage, "setpo_wrapped", False), "the entry-point plug-in did not install"
+    results = []
+    for name, step in (("own", PPOTrainer._compute_advantage.__wrapped__), ("plug-in", PPOTrainer._compute_advantage)):
+        partition = f"{'off' if setpo else 'absent'}-{name}"
+        meta, _ = put_rollouts(transfer_queue, tokenizer, partition)
+        metrics: dict = {}
+        step(trainer(tokenizer, **setpo), meta, metrics=metrics)
+        results.append((advantages_per_row(transfer_queue, meta.keys, partition), metrics))
+    (own, own_metrics), (got, metrics) = results
+    assert got == own and metrics == own_metrics and not any(name.startswith("setpo/") for name in metrics)
+
+
 def test_v1_advantage_step_adds_weight_times_marginals_through_transfer_queue(
     transfer_queue, tokenizer, server, client
 ):
@@ -278,7 +292,7 @@ def test_a_multi_turn_row_is_embedded_as_its_turns_read_with_the_tool_output_lef
     assert shaped == pytest.approx([b + WEIGHT * s for b, s in zip(base, marginals)], abs=1e-6)
 
 
-@pytest.mark.parametrize("estimator", ["rloo", "grpo_vectorized"])
+@pytest.mark.parametrize("estimator", ["rloo", "grpo_vectorized", "opo", "reinforce_plus_plus_baseline"])
 def test_under_an_estimator_whose_baseline_counts_every_output_each_output_is_a_member(
     transfer_queue, tokenizer, server, client, estimator
 ):

@@ -1,0 +1,91 @@
+"""veRL's rows as SetPO's groups, and back: each row's text, its member of its prompt's group (veRL's `uid`), its
+reward and advantage. Plain tensors and lists in, so the same functions serve the advantage step and DAPO's filter.
+What a member is under each estimator: docs/trl-and-verl.md#verl."""
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def policy_texts(tokenizer, responses, masks) -> list[str | None]:
+    """What the policy wrote in each row: its turns (runs of its own tokens; tool and environment output between
+    them left out) decoded one by one and joined a line apart, as a chat shows them, not run together. masks:
+    response_mask as the rollout made it, read before veRL's advantage step, whose rollout correction zeroes single
+    rejected tokens that must not punch holes in the text. None for a row with no token of the policy."""
+    texts: list[str | None] = []
+    for ids, mask in zip(responses, masks):
+        edges = torch.nn.functional.pad(mask.bool().int(), (1, 1)).diff()  # (T+1,) +1: a turn starts, -1: ends
+        starts, ends = (edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()
+        turns = [tokenizer.decode(ids[start:end], skip_special_tokens=True) for start, end in zip(starts, ends)]
+        texts.append("\n".join(turn for turn in turns if turn) if starts else None)
+    return texts
+
+
+def row_sessions(keys: Sequence[str], tags: Sequence[dict], estimator: str) -> list[tuple | None]:
+    """Each row's (member, output index), the member being what veRL's estimator counts as one sample: under "grpo"
+    veRL's v1 step folds a multi-output session into its final output, reading the agent loop's key
+    {uid}_{session}_{index} (start.check_sessions holds veRL to this), so a session is one member; every other
+    estimator (rloo, grpo_vectorized, ...) compares every output, so each row is. None for veRL's padding rows."""
+    sessions: list[tuple | None] = []
+    for key, tag in zip(keys, tags):
+        if tag.get("is_padding", False):
+            sessions.append(None)
+        elif estimator == "grpo":
+            uid, session, index = key.rsplit("_", 2)
+            sessions.append((f"{uid}_{session}", int(index)))
+        else:
+            sessions.append((key, 0))
+    return sessions
+
+
+def session_groups(uids: Sequence, sessions: Sequence[tuple | None]) -> tuple[dict, list[list[int]]]:
+    """(member -> its final row (highest output index), the groups: per uid, its members' final rows in order of
+    first appearance)."""
+    finals: dict = {}
+    for row, session in enumerate(sessions):
+        if session is not None and (session[0] not in finals or sessions[finals[session[0]]][1] < session[1]):
+            finals[session[0]] = row
+    groups: dict = {}
+    for row in finals.values():
+        groups.setdefault(uids[row], []).append(row)
+    return finals, list(groups.values())
+
+
+def fitted_sessions(keys: Sequence[str], tags, uids: Sequence, estimator: str, largest: int | None):
+    """Each row's member (row_sessions) and how many groups were fitted: a group of more outputs than the service
+    takes (`largest`, None: not known; a loop's multi-output sessions under a per-output estimator) is fitted as
+    veRL's GRPO takes it, one member a session (rollout.n of them: the start proved those fit)."""
+    tags = tags or [{}] * len(keys)
+    sessions = row_sessions(keys, tags, estimator)
+    outputs = Counter(uid for uid, session in zip(uids, sessions) if session is not None)
+    fitted = {uid for uid, count in outputs.items() if largest is not None and count > largest}
+    if fitted:
+        as_grpo = row_sessions(keys, tags, "grpo")
+        sessions = [
+            as_grpo[row] if uid in fitted else session for row, (uid, session) in enumerate(zip(uids, sessions))
+        ]
+    return sessions, len(fitted)
+
+
+def member_lists(members: list[list[int]], texts: Sequence, rewards: Sequence[float]) -> tuple[list, list]:
+    """The groups' texts and rewards, as SetpoShaper takes them: members are the groups' rows (session_groups)."""
+    return [[texts[row] for row in group] for group in members], [
+        [float(rewards[row]) for row in group] for group in members
+    ]
+
+
+def row_rewards_and_advantages(scores: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
+    """Each row's reward, veRL's token-level scores summed over the response (what its GRPO sums; the scores, not
+    the rewards, so a KL penalty in the reward does not put a correct answer below min_reward), and its
+    advantage, the mean over the tokens veRL trains (one value on them for every group estimator; 0 for none).
+    scores, advantages, mask: (B, T)."""
+    trained = mask.to(advantages.dtype)
+    per_row = (advantages * trained).sum(-1) / trained.sum(-1).clamp(min=1)  # (B,)
+    return scores.sum(-1).tolist(), per_row.tolist()
+
+
+def listed(values) -> list:
+    """A TransferQueue field of strings (uid) as a list."""
+    return np.array(values.tolist() if hasattr(values, "tolist") else list(values), dtype=object).tolist()
