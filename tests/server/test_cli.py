@@ -46,3 +46,18 @@ def test_flags_override_the_environment():
     with server:
         info = httpx.get(server.url + "/info", timeout=10).json()
     assert info["limits"]["max_groups"] == 7 and info["threads"] == 1
+
+
+def test_a_uvicorn_outside_the_range_its_protocol_was_written_for_stops_the_start_naming_the_range():
+    """protocol.py subclasses uvicorn's HTTP protocol: setpo-server declares the uvicorn releases it was written
+    against, and refuses to start with another (an older uvicorn installed beside it, say)."""
+    older = (
+        "import importlib.metadata as m\n"
+        "installed = m.version\n"
+        "m.version = lambda name: '0.29.0' if name == 'uvicorn' else installed(name)\n"
+        "from setpo_server.cli import main\n"
+        "main()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", older], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "uvicorn 0.29.0 is installed" in run.stderr and ">=0.30" in run.stderr, run.stderr[-2000:]

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from setpo_server.local import LocalServer
+from setpo_server.schemas import ANSWER_BYTES_PER_ROW
 from tests.inprocess import InProcessService
 from tests.metrics import metric
 from tests.raw_http import chunked_embeddings_head, chunked_embeddings_request, embeddings_request
@@ -185,17 +186,22 @@ def test_when_every_connection_is_busy_a_new_one_gets_503_not_silence(server):
             sock = connect(server)
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
             busy.append(sock)
-        time.sleep(0.5)
-        sock = connect(server)
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        answer = read_answer(sock, timeout=5)
+        # Until the server has read every busy connection's first bytes, one of them is idle to it, and closed to
+        # make room: ask until it has (it takes milliseconds; past the header clock they would no longer be busy)
+        deadline = time.monotonic() + HEADER_TIMEOUT
+        while True:
+            sock = connect(server)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = read_answer(sock, timeout=5)
+            sock.close()
+            if not answer.startswith(b"HTTP/1.1 200") or time.monotonic() > deadline:
+                break
         assert answer.startswith(b"HTTP/1.1 503") and b"retry-after" in answer.lower(), answer[:200]
         assert b"SETPO_MAX_CONNECTIONS" in answer
     finally:
         for sock in busy:
             sock.close()
-    time.sleep(0.5)
-    assert metric(server, "setpo_connections_refused_total") > refused
+    server.wait_until(lambda: metric(server, "setpo_connections_refused_total") > refused, timeout=60)
     assert health_seconds(server) < 2  # room again once they are gone
 
 
@@ -338,6 +344,27 @@ def test_an_answer_over_max_response_bytes_is_refused_before_the_work():
         assert "base64" in response.json()["error"]["message"]  # what to do: the compact encoding, or fewer inputs
         fits = {"input": ["some text"] * 400, "encoding_format": "base64"}
         assert client.post("/v1/embeddings", json=fits).status_code == 200
+
+
+def test_a_diversity_answer_stays_within_max_response_bytes_by_the_rows_info_reports():
+    """/info's max_request_rows is what SETPO_MAX_REQUEST_ROWS and SETPO_MAX_RESPONSE_BYTES allow together, so a
+    client packs by it alone: that many rows are answered within the bytes, one group more is refused naming the
+    setting."""
+
+    def group(g: int, size: int) -> dict:
+        return {"texts": [f"answer {g}.{i}" for i in range(size)], "rewards": [i % 2 for i in range(size)]}
+
+    with InProcessService(max_response_bytes=4096) as small, small.http() as client:
+        rows = client.get("/info").json()["limits"]["max_request_rows"]
+        assert rows == 4096 // ANSWER_BYTES_PER_ROW
+        sizes = [3] * (rows // 3 - 1) + [3 + rows % 3]
+        body = {"groups": [group(g, n) for g, n in enumerate(sizes)], "min_reward": 0, "normalize": "zscore"}
+        answered = client.post("/v1/diversity", json=body)
+        assert answered.status_code == 200 and len(answered.content) <= 4096, answered.text
+        body["groups"].append(group(len(sizes), 3))
+        refused = client.post("/v1/diversity", json=body)
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "groups", refused.text
+        assert "SETPO_MAX_RESPONSE_BYTES=4096" in refused.json()["error"]["message"]
 
 
 def test_a_key_sent_in_the_query_string_reaches_no_log(server):

@@ -220,7 +220,8 @@ def test_requests_over_the_concurrency_limit_get_503_with_retry_after_before_the
                 + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
             )
             socks.append(sock)
-        time.sleep(0.5)  # both are inside the route, waiting for their bodies
+        # both are inside the route, waiting for their bodies
+        limited.wait_until(lambda: metric(limited, "setpo_requests_in_progress") == 2, timeout=60)
         response = httpx.post(limited.url + "/v1/embeddings", json={"input": "x"}, headers=AUTH)
         assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
         assert "SETPO_MAX_CONCURRENT_REQUESTS=2" in error_of(response)["message"]

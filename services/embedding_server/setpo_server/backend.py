@@ -49,9 +49,9 @@ class Backend:
     """A sentence-transformers model, ready to embed.
 
     Each text is tokenised once, by `tokenize` in a request thread; `encode` then only pads and runs the model,
-    on the batcher's single forward thread. Letting sentence-transformers tokenise again per forward cost
-    8-12 % of throughput (docs/benchmarks.md). `tokenize` uses its own copy of the tokenizer behind a lock: a
-    fast tokenizer mutates its truncation state on every call and must not be shared across threads.
+    on the batcher's single forward thread: letting sentence-transformers tokenise again per forward costs
+    throughput (docs/benchmarks.md, "Tokenising once"). `tokenize` uses its own copy of the tokenizer behind a lock:
+    a fast tokenizer mutates its truncation state on every call and must not be shared across threads.
     """
 
     def __init__(self, settings: Settings):
@@ -90,8 +90,8 @@ class Backend:
                     f"SETPO_COMPILE=true needs a transformers-backed model; {self.name} starts with {type(transformer).__name__}"
                 )
             # Freezing turns the weights into graph constants, so inductor can pre-pack them and fold more around the
-            # matrix multiplies (bias adds, GELU, layer norms); in one in-process A/B on short texts, compile without
-            # freezing ran 1.24x slower than with it (docs/benchmarks.md sections 7-8).
+            # matrix multiplies (bias adds, GELU, layer norms): without it the compiled model ran slower
+            # (docs/benchmarks.md, "Compiled forward passes").
             torch._inductor.config.freezing = True
             # dynamic: one graph for every batch size and length, not one per shape a request happens to bring
             transformer.model = torch.compile(inner, dynamic=True)  # type: ignore[assignment]  # a callable module

@@ -46,7 +46,7 @@ TOKENIZE_SLICE = 256
 
 def resolve_batch_tokens(setting: int | str, device: str, dtype: torch.dtype) -> int:
     """On CPU big batches run slower per text (cache-bound), less so in bfloat16, whose AMX matrix units want
-    bigger tiles of work (4096 vs 2048: +5-15 %, docs/benchmarks.md section 9); on a GPU they fill the device."""
+    bigger tiles of work; on a GPU they fill the device (docs/benchmarks.md, "What a batch budget buys")."""
     if setting == "auto":
         if device.startswith("cuda"):
             return 16384
@@ -226,7 +226,7 @@ class Batcher:
                     unique.update((job.texts[i], job.ids[i]) for i in taken)
                 metrics.TEXTS_DEDUPLICATED.inc(sum(len(taken) for _, taken in batch) - len(unique))
                 # trim only after a batch that finishes a job: trimming between one job's slices would hand back
-                # the pages its next slice faults in again (2-4x the page faults of a Countdown request)
+                # the pages its next slice faults in again
                 finishes = any(job.taken == len(job.order) for job, _ in batch)
                 forward = loop.run_in_executor(self._forward_thread, self._forward, list(unique.values()), finishes)
                 in_flight.append((batch, list(unique), forward))
@@ -271,9 +271,9 @@ class Batcher:
         metrics.BATCH_SIZE.observe(len(ids))
         metrics.BATCH_TOKENS.observe(len(ids) * longest)
         metrics.TEXTS_EMBEDDED.inc(len(ids))
-        # Activations of every batch shape are freed into glibc's heaps, which fragment and keep the pages: under
-        # a 2-minute overload resident memory crept up 9-11 %, 2 % with trimming (docs/reliability.md). A trim
-        # takes ~6 ms on CPU, so at most one a second: < 1 % of the forward thread's time.
+        # Activations of every batch shape are freed into glibc's heaps, which fragment and keep the pages, so
+        # resident memory creeps up under sustained load; a trim takes milliseconds, so at most one a second
+        # (docs/reliability.md, "Load").
         if may_trim and MALLOC_TRIM is not None and time.monotonic() - self._trimmed_at >= 1.0:
             MALLOC_TRIM(0)
             self._trimmed_at = time.monotonic()

@@ -21,22 +21,20 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS")
 
 
-# One heap pays where the tokenizer's pool is this small (measured at 2, docs/benchmarks.md section 10) and costs
-# 25x in tokenising at 16 threads (section 15); between, unmeasured, glibc's default is the safe side.
+# One heap pays where the tokenizer's pool is this small and makes tokenising far slower with many threads (both
+# measured: docs/benchmarks.md, "glibc's heaps"); between, unmeasured, glibc's default is the safe side.
 ONE_HEAP_MAX_THREADS = 2
 
 
 def keep_freed_memory(device: str, threads: int) -> bool:
     """Make glibc keep the memory a CPU forward pass frees for the next one; True if it did.
 
-    By default every forward pass's activations came from pages the kernel had to fault in and zero afresh:
-    300-500 k page faults and 0.7-0.9 s of kernel time per Countdown request (of ~11 CPU-s). Tensors above a
-    moving mmap threshold were mapped and unmapped each time, the main heap was trimmed whenever 2x that
-    threshold lay free at its top, and the forward thread's own 64 MB heaps were unmapped when they emptied
-    (fixed thresholds alone still left 250-460 k faults). Hence: one heap for all threads (the forward
-    thread allocates on it too), everything below 32 MB (glibc's largest threshold; a 2048-token batch's
-    biggest activation is 12.6 MB) allocated on it, and no automatic trimming: the batcher's own malloc_trim,
-    once a second, bounds resident memory instead (docs/benchmarks.md section 10).
+    By default every forward pass's activations came from pages the kernel had to fault in and zero afresh: tensors
+    above a moving mmap threshold were mapped and unmapped each time, the main heap was trimmed whenever twice that
+    threshold lay free at its top, and the forward thread's own heaps were unmapped when they emptied. Hence: one
+    heap for all threads (the forward thread allocates on it too), everything below 32 MB (glibc's largest
+    threshold, above a 2048-token batch's biggest activation) allocated on it, and no automatic trimming: the
+    batcher's own malloc_trim, once a second, bounds resident memory instead (docs/benchmarks.md, "glibc's heaps").
     But one heap has one lock, and the tokenizer's threads all allocate: only on a CPU (on a GPU the
     activations are not on the heap) with at most ONE_HEAP_MAX_THREADS threads.
     """
@@ -76,8 +74,8 @@ def use_threads(setting: int | str) -> int:
         threads = int(setting)
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
-    # Only a change: called with the count torch already uses, it slowed every forward pass (docs/benchmarks.md
-    # section 11), so torch's own sizing is left alone when it already matches.
+    # Only a change: called with the count torch already uses, it slowed every forward pass (docs/benchmarks.md,
+    # "torch's thread count"), so torch's own sizing is left alone when it already matches.
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads

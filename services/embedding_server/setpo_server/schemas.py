@@ -13,10 +13,9 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from setpo_server import MIN_GROUP
 from setpo_server.settings import Settings
 
-# Leave-one-out marginals need pairs left once a member is removed: the least members a group may have.
-MIN_GROUP = 3
 # JSON numbers only (strict: no "1.5" strings, no booleans), and never NaN or infinity.
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # The widest embedding row accepted: 4x today's widest embedders. Checked while the body parses, so one group's

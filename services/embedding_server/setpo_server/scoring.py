@@ -8,10 +8,10 @@ from starlette.concurrency import run_in_threadpool
 
 from setpo_core.diversity import cosine_kernel, group_advantages, kernel_saturation, set_diversity
 from setpo_core.solutions import hybrid_kernel, key_kernel, scoped_marginals, standardized
-from setpo_server import metrics
+from setpo_server import MIN_GROUP, metrics
 from setpo_server.api_keys import ANONYMOUS
 from setpo_server.batcher import Batcher, Embedded
-from setpo_server.schemas import MIN_GROUP, DiversityRequest, DiversityUsage, GroupResult, Refused
+from setpo_server.schemas import DiversityRequest, DiversityUsage, GroupResult, Refused
 
 # Rows of one scoring chunk: its (B, G, G) kernel and set_diversity's few temporaries of that shape hold at most
 # SCORE_CHUNK_ROWS * G values (8 MB in float64 at G = 256), whatever the request's size.

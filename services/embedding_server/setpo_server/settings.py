@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, CliSuppress, NoDecode, SettingsConfigDict
 
 from setpo_core.diversity import SHAPES
+from setpo_server import MIN_GROUP
 from setpo_server.api_keys import parse_keys, read_key_file
 
 
@@ -39,9 +40,8 @@ class Settings(BaseSettings):
     """Names the server answers to as the model (repeat the flag, or comma-separate); the first names answers. Default: the model's own name."""
     device: str = "auto"
     """auto = cuda when present, else cpu; or any torch device string (cuda:1)."""
-    # On a CPU with AMX (lscpu: amx_bf16) bfloat16 serves 2.2-3x faster, with LOO marginals within 5e-4 of float32
-    # (docs/benchmarks.md section 9), on AMD Zen 4 1.6-1.7x (section 10); on an Intel CPU with avx512_bf16 but no
-    # AMX it was slower (section 7): so auto measures (precision.py).
+    # bfloat16 is faster on some CPUs with native bfloat16 and slower on others (docs/benchmarks.md, "bfloat16 on a
+    # CPU"): so auto measures (precision.py).
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     """auto = float16 on CUDA; on CPU bfloat16 where the CPU runs it natively and a probe at start measures it faster and within bf16-min-cosine of float32, else float32 (/info says which and why)."""
     bf16_min_cosine: Annotated[float, Field(gt=0, le=1)] = 0.9995
@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     """auto on CPU: the file that keeps the probe's measurement for this CPU, thread count, torch and model, so a restart skips it (seconds); empty = probe at every start."""
     truncation_side: Literal["right", "left"] = "right"
     """Which end of an over-long text is cut."""
-    # +0-12 % throughput on the 2-core CPU (docs/benchmarks.md section 8), 17-53 s more at start.
+    # little or no gain on the CPUs measured, and a slower start (docs/benchmarks.md, "Compiled forward passes")
     compile: bool = False
     """torch.compile the model, weights frozen into the graph (needs a C++ compiler on CPU, Triton on CUDA)."""
     threads: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
@@ -85,16 +85,16 @@ class Settings(BaseSettings):
     # Request limits (413 for the body, 422 for the rest, each naming the setting)
     max_groups: int = Field(4096, ge=1)
     """Groups in one /v1/diversity request."""
-    max_group_size: int = Field(256, ge=3)
+    max_group_size: int = Field(256, ge=MIN_GROUP)
     """Members of one group."""
-    max_request_rows: int = Field(16384, ge=3)
+    max_request_rows: int = Field(16384, ge=MIN_GROUP)
     """Texts plus embedding rows in one /v1/diversity request, duplicates included."""
     max_embedding_inputs: int = Field(2048, ge=1)
     """Inputs of one /v1/embeddings request, duplicates included (OpenAI's own limit)."""
     max_text_chars: int = Field(100_000, ge=1)
     """Characters of one text; the server then cuts it to 10 characters per model token before tokenising."""
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    """Bytes of one request body (a JSON number can cost ~37 bytes to parse: docs/reliability.md)."""
+    """Bytes of one request body (a body of numbers takes many times its size while it parses: docs/reliability.md)."""
     max_response_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Bytes an answer may take, estimated before the work (2048 MiniLM embeddings as JSON floats are ~17 MB)."""
 
