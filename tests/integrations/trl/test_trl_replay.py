@@ -1,0 +1,121 @@
+"""Replay in SetpoGRPOTrainer (setpo_replay_weight), in real few-step TRL runs against the real service: the answers
+that reach setpo_min_reward are banked when they differ, the loss gains alpha times the replay term, and the bank is
+saved in every checkpoint and comes back on resume."""
+
+import json
+
+import pytest
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from setpo_client.integrations.replay import ReplayBank
+from setpo_client.integrations.trl import SetpoGRPOTrainer
+from tests.integrations.trl import spy as trl_spy
+from tests.tiny_model import tiny_llama
+
+PROMPTS = ["What is 2 + 3?", "Name a prime number."]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def even_length(completions, **kwargs):
+    """Pass/fail for the test: a completion of even length is 'correct'."""
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+def make_trainer(model, client, tmp_path, max_steps=2, threshold=0.9, **config):
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=max_steps,
+        learning_rate=1e-4,
+        beta=0.0,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        **{"save_strategy": "no", **config},
+    )
+    return SetpoGRPOTrainer(
+        model=model,
+        reward_funcs=even_length,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 8}),
+        setpo_client=client,
+        setpo_weight=0.5,
+        setpo_min_reward=1.0,
+        setpo_normalize="zscore",
+        setpo_replay_weight=0.1,
+        setpo_replay_threshold=threshold,
+    )
+
+
+def test_verified_distinct_answers_are_banked_and_replayed_in_the_loss(tiny_model, client, monkeypatch, tmp_path):
+    seen = trl_spy.install(monkeypatch.setattr)
+    losses: dict[str, list[float]] = {"trl": [], "trained": []}
+    trl_loss = GRPOTrainer.compute_loss  # the spy's, which calls TRL's own
+
+    def record_trl(self, *args, **kwargs):
+        value = trl_loss(self, *args, **kwargs)
+        losses["trl"].append(value.item())
+        return value
+
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", record_trl)
+    trainer = make_trainer(tiny_model, client, tmp_path)
+    shaped_loss = trainer.compute_loss
+    trainer.compute_loss = lambda *a, **k: (lambda v: (losses["trained"].append(v.item()), v)[1])(shaped_loss(*a, **k))
+    trainer.train()
+    rewarded = {text for _, texts in seen["trl"] for text in texts if len(text) % 2 == 0}
+    bank = trainer.setpo_replay
+    assert bank is not None and bank.size() > 0
+    for banked in bank.prompts.values():
+        texts = [b.text for b in banked]
+        assert len(set(texts)) == len(texts) <= 16
+        assert set(texts) <= rewarded  # only answers that reached setpo_min_reward
+        assert all(b.vector is not None for b in banked)  # compared by the service's embeddings
+    logged = [entry for entry in trainer.state.log_history if "setpo/replay_loss" in entry]
+    assert len(logged) == 2
+    assert logged[-1]["setpo/replay_bank_size"] == bank.size() and logged[-1]["setpo/replay_embed_failures"] == 0
+    assert logged[-1]["setpo/replay_loss"] > 0 and logged[-1]["setpo/replay_prompts"] > 0
+    # what the optimizer saw: TRL's loss plus alpha times the replay term, every step
+    replayed = [entry["setpo/replay_loss"] for entry in logged]
+    assert [t - r for t, r in zip(losses["trained"], losses["trl"])] == pytest.approx(
+        [0.1 * x for x in replayed], abs=1e-6
+    )
+
+
+def test_the_bank_is_saved_in_every_checkpoint_and_loaded_on_resume(tiny_model, client, tmp_path):
+    first = make_trainer(tiny_model, client, tmp_path, save_strategy="steps", save_steps=1)
+    first.train()
+    saved = json.loads((tmp_path / "checkpoint-2" / "setpo_replay.json").read_text())
+    assert (tmp_path / "checkpoint-1" / "setpo_replay.json").exists()
+    expected = ReplayBank()
+    expected.load_state_dict(saved)
+    assert expected == first.setpo_replay and expected.size() > 0
+
+    loaded: list[int] = []
+    resumed = make_trainer(tiny_model, client, tmp_path, max_steps=3, save_strategy="steps", save_steps=1)
+    original = resumed.setpo_admit
+    resumed.setpo_admit = lambda output: (loaded.append(resumed.setpo_replay.size()), original(output))[1]
+    resumed.train(resume_from_checkpoint=True)
+    assert loaded == [expected.size()]  # the one step left began from the saved bank
+    assert resumed.state.global_step == 3
+
+
+def test_replay_needs_the_reward_a_verified_answer_reaches(tiny_model, client, tmp_path):
+    with pytest.raises(ValueError, match="setpo_replay_weight banks verified answers.*setpo_min_reward"):
+        SetpoGRPOTrainer(
+            model=tiny_model,
+            reward_funcs=even_length,
+            args=GRPOConfig(
+                output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, report_to=[], use_cpu=True
+            ),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS * 8}),
+            setpo_client=client,
+            setpo_replay_weight=0.1,
+        )
