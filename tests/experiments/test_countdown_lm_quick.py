@@ -1,19 +1,24 @@
 """The Countdown experiment's quick form (make test-experiment): a tiny pretraining, every validation arm for a few
 RL steps with TRL against the real setpo-server (tests/conftest.py's) — the paper's form, SetPO scoped to correct
 answers with the Countdown solution key (hybrid kernel), the same steered by the weight controller, and the
-unlikeliness reward — then the finalists on 4 test puzzles and the report. Checks that every stage runs, the
-policy reaches the service and every metric is written; nothing about which method wins."""
+unlikeliness reward — then the finalists on 4 test puzzles and the report; then v3's keyless forms and v4's coverage
+arms. Checks that every stage runs, the policy reaches the service and every metric is written; nothing about which
+method wins."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from experiments.countdown_lm import job, keep
 from experiments.countdown_lm.__main__ import main
 from experiments.countdown_lm.arms import Config, phase_one
+from experiments.countdown_lm.arms import coverage as coverage_arms
+from experiments.countdown_lm.coverage import HEADLINE as COVERAGE_HEADLINE
 from experiments.countdown_lm.plan import QUICK
 from experiments.countdown_lm.report import progress, puzzles_of, same_samples
+from setpo_client.keys import countdown_expression
 
 HEADLINE = ["pass@1", "pass@8", "solutions", "pcmd", "share_2", "share_3"]
 
@@ -91,6 +96,80 @@ def test_quick_experiment_v3_replays_a_kept_run_then_runs_the_keyless_forms(quic
     assert all("setpo/span_missing" in step for step in logged)  # the span was cut on every step
     for name in ("results.json", "validation.md", "test.md", "pass_at_k.png", "solutions.png"):
         assert (tmp_path / "report-v3" / name).stat().st_size > 0
+
+
+def test_quick_experiment_v4_runs_every_coverage_arm_with_checkpoints_and_reports_coverage(quick):
+    """v4 after v3, on v2's data and base model: the base model at n = coverage_samples, every arm of
+    arms.coverage plus replay on the best combined form, each validation run's checkpoint evaluated (pass@1 and
+    pass@64 over steps), the bases applied by the shaper (the advantages it logs are theirs), the replay threshold
+    calibrated, and report-v4 with the pass@k curve, AUC, lost puzzles and intervals against GRPO and v3's form."""
+    results, tmp_path = quick[0]["v4"], quick[1] / "v4"
+    assert (
+        json.loads((tmp_path / "eval" / "base-validation" / "summary.json").read_text())["n"] == QUICK.coverage_samples
+    )
+    rows = {row["config"]["name"]: row for row in results["validation"]}
+    combined = results["choices"]["combined"]["name"]
+    expected = {c.name for c in coverage_arms(QUICK)} | {f"{combined}-replay"}
+    assert set(rows) == expected
+    steps = list(range(QUICK.curve_every, QUICK.rl.steps, QUICK.curve_every)) + [QUICK.rl.steps]
+    for name, row in rows.items():
+        assert row["steps"] == steps and all(len(row["over_steps"][k]) == len(steps) for k in ("pass@1", "pass@64"))
+        assert (tmp_path / "runs" / name / f"seed{QUICK.validation_seeds[0]}" / "eval-validation-step2").is_dir()
+    threshold = json.loads((tmp_path / "replay_threshold.json").read_text())
+    replay_run = tmp_path / "runs" / f"{combined}-replay" / f"seed{QUICK.validation_seeds[0]}"
+    trained = json.loads((replay_run / "train_summary.json").read_text())["config"]
+    assert trained["replay"] and trained["replay_threshold"] == threshold["threshold"]
+    logged = json.loads((replay_run / "log_history.json").read_text())
+    assert all("setpo/replay_bank_size" in step and "setpo/replay_loss" in step for step in logged)
+    # W-REINFORCE's advantages are +0.1 / -1 whatever the group: the shaper's base, not TRL's r - mean(r)
+    w_run = tmp_path / "runs" / "w-reinforce" / f"seed{QUICK.validation_seeds[0]}"
+    for step in json.loads((w_run / "log_history.json").read_text()):
+        assert 0.1 <= step["setpo/advantage_rms"] <= 1.0
+    assert set(results["arms"]) >= {"grpo", "scoped-embedding-w0.3", results["choices"]["winner"]["name"]}
+    for name, arm in results["arms"].items():
+        assert len(arm["curves"]) == len(QUICK.coverage_test_seeds) and len(arm["curves"][0]) == len(results["ks"])
+        assert set(arm["lost_puzzles"]) == set(QUICK.coverage_test_seeds)  # per seed, possibly none
+        assert name == "grpo" or set(arm["versus_grpo"]) == set(COVERAGE_HEADLINE)
+    for name in ("results.json", "validation.md", "test.md", "pass_at_k.png", "over_steps.png"):
+        assert (tmp_path / "report-v4" / name).stat().st_size > 0
+
+
+def test_coverage_measures_follow_their_definitions(tmp_path):
+    """pass@k unbiased from n samples, AUC the mean of the curve at k = 1, 2, 4, ..., distinct solutions and PCMD
+    among the first 64 samples only, and a puzzle lost when the base model solved it and the arm never does."""
+    from experiments.countdown_lm.coverage import summarize
+
+    def write(name: str, rows: list[tuple[str, int, str | None]]) -> Path:
+        path = tmp_path / f"{name}.jsonl"
+        lines = [
+            {
+                "problem_id": pid,
+                "sample": i,
+                "response": f"<answer> {expr} </answer>" if expr else "x",
+                "correct": bool(expr),
+            }
+            for pid, i, expr in rows
+        ]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return path
+
+    n = 128
+    # p: correct at samples 0 (3 + 5) * 2, 1 2 * (5 + 3) (the same solution), 70 (8 - 1) * 2 (past the first 64)
+    correct = {0: "( 3 + 5 ) * 2", 1: "2 * ( 5 + 3 )", 70: "( 8 - 1 ) * 2"}
+    arm = [("p", i, correct.get(i)) for i in range(n)] + [("q", i, None) for i in range(n)]
+    base = [("p", i, None) for i in range(n)] + [("q", i, "1 + 2" if i == 5 else None) for i in range(n)]
+    summary = summarize(write("arm", arm), write("base", base))
+    p, q = summary["puzzles"]
+    assert p["pass@1"] == pytest.approx(3 / n) and p["pass@64"] == pytest.approx(
+        1 - math.comb(n - 3, 64) / math.comb(n, 64)
+    )
+    assert p["auc"] == pytest.approx(
+        sum(1 - math.comb(n - 3, k) / math.comb(n, k) for k in (1, 2, 4, 8, 16, 32, 64)) / 7
+    )
+    assert p["solutions"] == 1 and p["pcmd"] == 0.0  # among the first 64: one solution, twice
+    assert p["lost"] == 0.0 and q["lost"] == 1.0 and q["pcmd"] is None
+    assert summary["lost"] == 0.5 and list(summary["lost_puzzles"]) == ["q"]
+    assert summary["lost_puzzles"]["q"]["base_solutions"] == {countdown_expression("<answer> 1 + 2 </answer>"): 1}
 
 
 def test_same_samples_counts_the_replayed_samples_that_differ(tmp_path):
