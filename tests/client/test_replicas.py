@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from setpo_client import AsyncSetpoClient, SetpoAPIError, SetpoClient, SetpoError
-from setpo_client.client import RECHECK_S, replica_urls, strictest
-from setpo_client.shaping import SetpoShaper, fit_step
+from setpo_client.fitting import fit_step
+from setpo_client.replicas import RECHECK_S, replica_urls, strictest
+from setpo_client.shaping import SetpoShaper
 from setpo_server.local import LocalServer, free_port
 from tests.client import test_shaper_distrust as distrust
 from tests.client.test_shaper_distrust import good_answer
@@ -94,8 +95,9 @@ def test_chunks_are_cut_by_bytes_so_the_long_groups_do_not_land_in_one_chunk(rep
         info = client.info()
         reference = SetpoShaper(client, in_flight=1, weight=0.3).score(steps)
     payloads = [(index, {"texts": group}, len(group)) for index, group in enumerate(steps)]
-    chunks, _, _ = fit_step(payloads, info, {"groups": [], "weight": 0.3}, None, chunks=2)
-    assert [[index for index, _ in chunk] for chunk in chunks] == [[0], list(range(1, 22))]
+    counts = dict.fromkeys(("unscored", "bad", "cut"), 0)
+    chunks = fit_step(payloads, info, {"weight": 0.3}, None, 2, counts)
+    assert [chunk.indices for chunk in chunks] == [[0], list(range(1, 22))]
     with SetpoClient(",".join(server.url for server in replicas)) as client:
         step = SetpoShaper(client, weight=0.3).score(steps)
     same_step(step, reference)
@@ -117,7 +119,7 @@ def test_a_replica_killed_mid_step_leaves_the_step_whole_on_the_other(replicas, 
     step = outcome["step"]
     same_step(step, serial)  # nothing lost, doubled or zipped onto the wrong members
     assert step.metrics["setpo/requests"] == 4 and served(a) - before >= 3  # the killed replica's chunks went to a
-    assert doomed.url in client.left_out
+    assert doomed.url in client.replicas.left_out
 
 
 def test_under_fail_replicas_that_never_come_back_end_the_step_in_one_clear_error_within_its_deadline():
@@ -135,6 +137,7 @@ class Fake(distrust.Fake):
     answer) and answers /v1/diversity with `answer(body)` when ready; `answer_headers`: added to every answer."""
 
     ready: ClassVar[list[int]] = [200]
+    status = 200  # of its /v1/diversity answers when ready
     answer_headers: ClassVar[list[tuple[str, str]]] = []
 
     def do_GET(self):
@@ -142,7 +145,7 @@ class Fake(distrust.Fake):
 
     def diversity(self, body):
         answer = self.answer(body) if self.ready[0] == 200 else {"error": {"message": "not ready"}}
-        self.reply(self.ready[0], answer, self.answer_headers)
+        self.reply(self.status if self.ready[0] == 200 else self.ready[0], answer, self.answer_headers)
 
 
 @pytest.fixture
@@ -150,7 +153,7 @@ def fake(replicas):
     info = httpx.get(replicas[0].url + "/info").json()
     servers = []
 
-    def serve(answer=None, ready=200, headers=(), **info_changes):
+    def serve(answer=None, ready=200, headers=(), status=200, **info_changes):
         handler = type(
             "Handler",
             (Fake,),
@@ -158,6 +161,7 @@ def fake(replicas):
                 "answer": staticmethod(answer),
                 "info": {**info, **info_changes},
                 "ready": [ready],
+                "status": status,
                 "answer_headers": headers,
             },
         )
@@ -197,7 +201,24 @@ def test_an_answer_its_encoding_does_not_describe_costs_its_chunk_one_retry_else
         step = SetpoShaper(client, on_error=on_error, **POLICY).score(GROUPS, rewards=REWARDS)
         same_step(step, serial)
         assert step.metrics["setpo/chunk_retries"] == 1 and step.metrics["setpo/requests"] == 2
-        assert client.ready() and liar in client.left_out
+        assert client.ready() and liar in client.replicas.left_out
+
+
+@pytest.mark.parametrize("status", [500, 422])
+def test_a_5xx_is_asked_of_another_replica_and_a_4xx_is_raised_at_once(replicas, fake, status):
+    """Failover lives in the client: a 5xx is that replica's failure, and the call asks another at once; a 4xx says
+    the request is wrong, as every replica of the deployment would: raised at once, naming the replica."""
+    a = replicas[0]
+    broken, _ = fake(lambda body: {"error": {"message": "refused", "type": "x"}}, status=status)
+    with SetpoClient(f"{broken},{a.url}") as client:  # the broken one is asked first (both idle, in order)
+        before = served(a)
+        if status >= 500:
+            assert len(client.diversity([{"texts": GROUPS[0]}]).groups) == 1 and client.retries == 1
+        else:
+            with pytest.raises(SetpoAPIError, match="answered 422") as refused:
+                client.diversity([{"texts": GROUPS[0]}])
+            assert refused.value.replica == broken and client.retries == 0
+        assert served(a) - before == (status >= 500)
 
 
 def test_a_frozen_replica_is_left_out_and_the_others_shape_the_steps(replicas):
@@ -210,7 +231,7 @@ def test_a_frozen_replica_is_left_out_and_the_others_shape_the_steps(replicas):
         frozen.process.send_signal(signal.SIGSTOP)
         try:
             steps = [shaper.score(GROUPS[:4]) for _ in range(3)]
-            left_out = frozen.url in client.left_out
+            left_out = frozen.url in client.replicas.left_out
         finally:
             frozen.process.send_signal(signal.SIGCONT)
     assert [step.metrics["setpo/fallback_steps"] for step in steps] == [1, 1, 1]  # a total: the first step alone
@@ -237,7 +258,7 @@ def test_a_replica_left_out_costs_no_step_its_readiness_check(replicas, dropped)
     """A replica left out is asked /ready again (every RECHECK_S) off the calls' path: one on a host that drops
     connections (its /ready hangs for PROBE_TIMEOUT_S) must not hold a step past its deadline, shorter than that."""
     with SetpoClient(f"{dropped},{replicas[0].url}", timeout=httpx.Timeout(10, connect=0.5)) as client:
-        assert client.ready() and dropped in client.left_out
+        assert client.ready() and dropped in client.replicas.left_out
         shaper = SetpoShaper(client, weight=0.3, step_timeout=1.5)
         steps = []
         for _ in range(3):
@@ -246,20 +267,24 @@ def test_a_replica_left_out_costs_no_step_its_readiness_check(replicas, dropped)
     assert [step.metrics["setpo/fallback_steps"] for step in steps] == [0, 0, 0]
 
 
-def test_the_async_client_reads_answers_and_rechecks_replicas_as_the_sync_one(replicas, fake, dropped):
-    """AsyncSetpoClient: an undecodable answer is off the contract, naming its replica; a replica left out is
-    rechecked in a task of its own, so a call within a deadline shorter than that /ready's wait is answered by
-    another; close() with that recheck still pending cancels it."""
+def test_the_async_client_reads_answers_fails_over_and_rechecks_replicas_as_the_sync_one(replicas, fake, dropped):
+    """AsyncSetpoClient: an undecodable answer is off the contract, naming its replica, and the call asks the next
+    replica at once (one that drops connections is tried again after a backoff, meanwhile the third answers); a
+    replica left out is rechecked in a task of its own, so a call within a deadline shorter than that /ready's wait is
+    answered by another; close() with that recheck still pending cancels it."""
     liar, _ = fake(good_answer, headers=[("content-encoding", "gzip")])
     a = replicas[0].url
 
     async def calls() -> None:
+        async with AsyncSetpoClient(liar, max_retries=0) as alone:
+            with pytest.raises(SetpoAPIError, match="cannot be decoded") as failure:
+                await alone.diversity([{"texts": GROUPS[0]}])
+        assert failure.value.replica == liar
         client = AsyncSetpoClient(f"{liar},{dropped},{a}", timeout=httpx.Timeout(10, connect=0.5))
         try:
-            with pytest.raises(SetpoAPIError, match="cannot be decoded") as failure:
-                await client.diversity([{"texts": GROUPS[0]}], avoid=[a, dropped])
-            assert failure.value.replica == liar
-            assert await client.ready() and {liar, dropped} <= set(client.left_out)
+            answer = await client.diversity([{"texts": GROUPS[0]}])  # the liar first (in order), then the others
+            assert len(answer.groups) == 1 and client.retries == 2
+            assert await client.ready() and {liar, dropped} <= set(client.replicas.left_out)
             await asyncio.sleep(RECHECK_S)  # both due again
             answer = await client.diversity([{"texts": GROUPS[0]}], deadline=time.monotonic() + 1.5)
             assert len(answer.groups) == 1
@@ -370,20 +395,22 @@ def test_a_replica_not_ready_is_left_out_until_it_answers_ready_again(replicas, 
     a = replicas[0]
     late, handler = fake(good_answer, ready=503)
     with SetpoClient(f"{late},{a.url}") as client:
-        assert client.ready() and late in client.left_out  # one replica ready is enough; the other is left out
+        assert client.ready() and late in client.replicas.left_out  # one replica ready is enough; the other is left out
         before = served(a)
         for _ in range(3):
             client.diversity([{"texts": GROUPS[0]}])
         assert served(a) - before == 3  # none of them went to the replica left out
         handler.ready[0] = 200
         time.sleep(RECHECK_S)
-        client.diversity([{"texts": GROUPS[0]}], avoid=[a.url])  # asks /ready again (in the background), sends to it
+        client.diversity([{"texts": GROUPS[0]}])  # asks its /ready again (in the background); answered by a
 
         def said() -> list[str]:
             return [record.getMessage() for record in caplog.records if late in record.getMessage()]
 
         # taken back, and said so: the recheck's thread logs the change just after making it (a flake under load)
-        a.wait_until(lambda: late not in client.left_out and any("taken back" in line for line in said()), timeout=10)
+        a.wait_until(
+            lambda: late not in client.replicas.left_out and any("taken back" in line for line in said()), timeout=10
+        )
     lines = said()
     assert len(lines) == 2 and "left out" in lines[0] and "taken back" in lines[1]  # each change said once
 
@@ -429,11 +456,11 @@ def test_a_replica_taken_back_is_asked_its_info_before_a_step_sends_it_chunks(re
     for late, handler, changed in ((tighter, tighter_handler, "limits"), (other, other_handler, "model")):
         with SetpoClient(f"{a.url},{late}") as client:
             shaper = SetpoShaper(client, **POLICY)
-            assert shaper.check().limits.max_groups > 2 and late in client.left_out  # /info of `a` alone
+            assert shaper.check().limits.max_groups > 2 and late in client.replicas.left_out  # /info of `a` alone
             before = shaper.score(GROUPS[:8], rewards=REWARDS[:8])
             assert before.metrics["setpo/requests"] == 2 and before.metrics["setpo/fallback_steps"] == 0
             handler.ready[0] = 200
-            assert client.ready() and late not in client.left_out  # taken back
+            assert client.ready() and late not in client.replicas.left_out  # taken back
             after = shaper.score(GROUPS[:8], rewards=REWARDS[:8])
         if changed == "limits":
             assert after.metrics["setpo/fallback_steps"] == 0 and after.metrics["setpo/chunk_retries"] == 0

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from setpo_client import AsyncSetpoClient, SetpoClient
-from setpo_client import client as client_module
+from setpo_client import replicas as replicas_module
+from setpo_client.replicas import ReplicaPool
 from setpo_client.shaping import SetpoShaper
 from setpo_server.local import LocalServer, free_port
 from tests.metrics import scrape
@@ -51,12 +52,17 @@ def pods():
             server.stop()
 
 
+def resolving(monkeypatch, resolver) -> None:
+    """The replicas' names resolved by `resolver` for the rest of the test (ReplicaPool's own seam)."""
+    monkeypatch.setattr(ReplicaPool, "resolver", staticmethod(resolver))
+
+
 def counts(pods) -> dict[str, float]:
     return {address: served(url) for address, url in pods.urls.items()}
 
 
 def test_a_resolved_name_spreads_a_step_over_its_addresses_and_follows_a_change_of_them(pods, monkeypatch):
-    monkeypatch.setattr(client_module, "RESOLVE_S", 0.5)
+    monkeypatch.setattr(replicas_module, "RESOLVE_S", 0.5)
     answers = {NAME: ["127.0.0.1", "127.0.0.2"]}
     asked = []
 
@@ -64,7 +70,8 @@ def test_a_resolved_name_spreads_a_step_over_its_addresses_and_follows_a_change_
         asked.append((host, port))
         return answers[host]
 
-    with SetpoClient(f"dns:///{NAME}:{pods.port}", resolver=resolver) as client:
+    resolving(monkeypatch, resolver)
+    with SetpoClient(f"dns:///{NAME}:{pods.port}") as client:
         assert client.urls == [pods.urls["127.0.0.1"], pods.urls["127.0.0.2"]]
         before = counts(pods)
         step = SetpoShaper(client, weight=0.3).score(GROUPS)  # one chunk in flight per address
@@ -85,7 +92,7 @@ def test_a_resolved_name_spreads_a_step_over_its_addresses_and_follows_a_change_
 
 
 def test_a_name_that_does_not_resolve_keeps_the_addresses_it_had(pods, monkeypatch, caplog):
-    monkeypatch.setattr(client_module, "RESOLVE_S", 0.2)
+    monkeypatch.setattr(replicas_module, "RESOLVE_S", 0.2)
     answers: list = [["127.0.0.3"]]
 
     def resolver(host: str, port: int) -> list[str]:
@@ -93,7 +100,8 @@ def test_a_name_that_does_not_resolve_keeps_the_addresses_it_had(pods, monkeypat
             raise answers[0]
         return answers[0]
 
-    with SetpoClient(f"dns:///{NAME}:{pods.port}", resolver=resolver) as client:
+    resolving(monkeypatch, resolver)
+    with SetpoClient(f"dns:///{NAME}:{pods.port}") as client:
         answers[0] = socket.gaierror(socket.EAI_NONAME, "Name or service not known")  # DNS hiccup, or no pod ready
         time.sleep(0.3)
         client.diversity([{"texts": GROUPS[0]}])
@@ -102,9 +110,10 @@ def test_a_name_that_does_not_resolve_keeps_the_addresses_it_had(pods, monkeypat
 
 
 def test_a_resolver_that_finds_no_address_is_a_name_that_does_not_resolve(pods, monkeypatch):
-    monkeypatch.setattr(client_module, "RESOLVE_S", 0.2)
+    monkeypatch.setattr(replicas_module, "RESOLVE_S", 0.2)
     answers = [["127.0.0.3"]]
-    with SetpoClient(f"dns:///{NAME}:{pods.port}", resolver=lambda host, port: answers[0]) as client:
+    resolving(monkeypatch, lambda host, port: answers[0])
+    with SetpoClient(f"dns:///{NAME}:{pods.port}") as client:
         answers[0] = []  # a custom resolver's "no pod ready": the addresses it had are kept, as after a DNS error
         time.sleep(0.3)
         client.diversity([{"texts": GROUPS[0]}])
@@ -114,21 +123,23 @@ def test_a_resolver_that_finds_no_address_is_a_name_that_does_not_resolve(pods, 
 def test_an_address_the_name_dropped_is_never_left_out_again(pods, monkeypatch):
     """A /ready recheck (on its own thread) that ends after its address left the name must not bring it back as a
     replica left out, asked every second for good."""
-    monkeypatch.setattr(client_module, "RESOLVE_S", 0.2)
+    monkeypatch.setattr(replicas_module, "RESOLVE_S", 0.2)
     answers = [["127.0.0.3", "127.0.0.2", "127.0.0.1"]]
-    with SetpoClient(f"dns:///{NAME}:{pods.port}", resolver=lambda host, port: answers[0]) as client:
+    resolving(monkeypatch, lambda host, port: answers[0])
+    with SetpoClient(f"dns:///{NAME}:{pods.port}") as client:
         gone = pods.urls["127.0.0.2"]
         answers[0] = ["127.0.0.3", "127.0.0.1"]
         time.sleep(0.3)
         client.diversity([{"texts": GROUPS[0]}])  # resolved again: the address is gone
-        client.readiness(gone, None)  # what a recheck of it that ended just now records
-        assert gone not in client.urls and gone not in client.left_out
+        client.replicas.readiness(gone, None)  # what a recheck of it that ended just now records
+        assert gone not in client.urls and gone not in client.replicas.left_out
 
 
-def test_an_async_client_spreads_concurrent_calls_over_the_addresses(pods):
+def test_an_async_client_spreads_concurrent_calls_over_the_addresses(pods, monkeypatch):
     async def two_calls() -> list[str]:
         resolver = lambda host, port: ["127.0.0.1", "127.0.0.3"]  # noqa: E731
-        async with AsyncSetpoClient(f"dns:///{NAME}:{pods.port}", resolver=resolver) as client:
+        resolving(monkeypatch, resolver)
+        async with AsyncSetpoClient(f"dns:///{NAME}:{pods.port}") as client:
             await asyncio.gather(*(client.diversity([{"texts": group}]) for group in GROUPS[:2]))
             return client.urls
 
@@ -139,7 +150,7 @@ def test_an_async_client_spreads_concurrent_calls_over_the_addresses(pods):
     assert [after[a] - before[a] for a in ("127.0.0.1", "127.0.0.2", "127.0.0.3")] == [1, 0, 1]
 
 
-def test_each_address_is_asked_with_the_name_as_its_host():
+def test_each_address_is_asked_with_the_name_as_its_host(monkeypatch):
     """Connecting to an address, the request still names the name (virtual hosts, access logs, an ingress)."""
     hosts = []
 
@@ -157,7 +168,8 @@ def test_each_address_is_asked_with_the_name_as_its_host():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = server.server_port
-        with SetpoClient(f"dns:///{NAME}:{port}", resolver=lambda host, port: ["127.0.0.4"]) as client:
+        resolving(monkeypatch, lambda host, port: ["127.0.0.4"])
+        with SetpoClient(f"dns:///{NAME}:{port}") as client:
             assert client.ready() and client.urls == [f"http://127.0.0.4:{port}"]
     finally:
         server.shutdown()
@@ -174,11 +186,12 @@ def test_the_default_resolver_is_getaddrinfo_and_resolves_localhost(pods):
         assert served(pods.urls["127.0.0.1"]) - before == 1
 
 
-def test_a_plain_url_is_connected_to_as_given_never_resolved(pods):
+def test_a_plain_url_is_connected_to_as_given_never_resolved(pods, monkeypatch):
     def resolver(host: str, port: int) -> list[str]:
         raise AssertionError("a plain URL was resolved")
 
-    with SetpoClient(f"http://localhost:{pods.port}", resolver=resolver) as client:
+    resolving(monkeypatch, resolver)
+    with SetpoClient(f"http://localhost:{pods.port}") as client:
         assert client.urls == [f"http://localhost:{pods.port}"]
         client.diversity([{"texts": GROUPS[0]}])
 
@@ -192,9 +205,10 @@ def test_a_wrong_dns_spelling_is_refused_at_construction_saying_how(spelled):
 def test_an_address_the_name_adds_makes_the_next_step_ask_info_again(pods, monkeypatch):
     """A pod an autoscaler adds may run another image or other limits: the client counts it (replica_changes) and the
     shaper asks /info again before its next step; an address the name drops changes nothing the shaper learned."""
-    monkeypatch.setattr(client_module, "RESOLVE_S", 0.2)
+    monkeypatch.setattr(replicas_module, "RESOLVE_S", 0.2)
     answers = [["127.0.0.1"]]
-    with SetpoClient(f"dns:///{NAME}:{pods.port}", resolver=lambda host, port: answers[0]) as client:
+    resolving(monkeypatch, lambda host, port: answers[0])
+    with SetpoClient(f"dns:///{NAME}:{pods.port}") as client:
         shaper = SetpoShaper(client, weight=0.3)
         assert shaper.score(GROUPS[:2]).metrics["setpo/fallback_steps"] == 0 and shaper.info_known()
         answers[0] = ["127.0.0.1", "127.0.0.2"]

@@ -109,7 +109,8 @@ def huge(self, body):
 
 
 def test_an_answer_larger_than_the_bound_is_refused_without_reading_it(fake):
-    client = fake(huge, max_response_bytes=1024 * 1024)
+    client = fake(huge)
+    client.max_response_bytes = 1024 * 1024
     shaper = SetpoShaper(client, weight=0.5, on_error="fail")
     started = time.monotonic()
     with pytest.raises(SetpoError, match="max_response_bytes"):

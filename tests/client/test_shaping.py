@@ -227,35 +227,40 @@ def test_a_service_that_answers_under_a_served_name_is_shaped():
     assert step.metrics["setpo/fallback_steps"] == 0 and all(m is not None for m in step.marginals)
 
 
-WIDE = 16385  # one more dimension than the service takes (setpo_server.schemas.MAX_EMBEDDING_DIM)
-
-
-@pytest.mark.parametrize(
-    "bad,rewards,said",
-    [
-        (["x", "y", "z"], [1.7e308, 1.7e308, -1.7e308], "overflow"),  # finite rewards whose advantages overflow
-        ([[0.5] * WIDE] * 3, [0.0] * 3, "16384"),  # vectors wider than any embedder's
-    ],
-    ids=["reward-overflow", "wide-vectors"],
+WIDE = (
+    16385  # one more dimension than the service takes (setpo_server.schemas.MAX_EMBEDDING_DIM; /info does not say it)
 )
-def test_a_group_the_service_refuses_by_name_costs_its_own_bonus_and_the_rest_is_shaped(
-    inprocess, caplog, bad, rewards, said
-):
-    """A 422 about one group's own rewards or vectors (groups[b].rewards, groups[b].embeddings...) is that group's
-    fault, not the step's nor the replica's: it gets bonus 0, counted and said with the service's message, and its
-    chunk is sent again without it."""
+
+
+def test_a_group_whose_advantages_would_overflow_is_caught_before_sending_and_the_rest_is_shaped(inprocess, caplog):
+    """Finite rewards whose squares overflow (the service would refuse the group's advantages, a 422 naming
+    groups[b].rewards): the client finds it before any request, that group gets bonus 0, counted and said, and the
+    rest of the step is shaped in one request, as the same step without it."""
     groups = [[f"{p} apples make {p * k}" for k in range(4)] for p in range(3)]
     shaper = SetpoShaper(inprocess, weight=0.1, on_error="fail", in_flight=1)
-    step = shaper.score([*groups[:2], bad, groups[2]], rewards=[[1.0, 0.0, 1.0, 0.0]] * 2 + [rewards, [0.0] * 4])
-    reference = SetpoShaper(inprocess, weight=0.1, on_error="fail").score(
-        groups, rewards=[[1.0, 0.0, 1.0, 0.0]] * 2 + [[0.0] * 4]
-    )
+    rewards = [[1.0, 0.0, 1.0, 0.0]] * 2 + [[1.7e308, 1.7e308, -1.7e308], [0.0] * 4]
+    step = shaper.score([*groups[:2], ["x", "y", "z"], groups[2]], rewards=rewards)
+    reference = SetpoShaper(inprocess, weight=0.1, on_error="fail").score(groups, rewards=rewards[:2] + rewards[3:])
     assert step.metrics["setpo/fallback_steps"] == 0 and step.metrics["setpo/bad_groups"] == 1
-    assert step.bonus[2] == [0.0] * len(bad) and step.marginals[2] is None
+    assert step.metrics["setpo/requests"] == 1 and step.bonus[2] == [0.0] * 3 and step.marginals[2] is None
     for got, want in zip([*step.bonus[:2], step.bonus[3]], reference.bonus, strict=True):
         assert got == pytest.approx(want, abs=1e-6)
-    assert step.metrics["setpo/requests"] == 1  # the answered request; the refused one is said in the log
-    assert any(said in r.getMessage() and "group 2" in r.getMessage() for r in caplog.records)
+    assert any("overflow" in r.getMessage() and "group 2" in r.getMessage() for r in caplog.records)
+
+
+def test_a_group_only_the_service_can_refuse_fails_its_step_with_the_services_message(inprocess, caplog):
+    """Vectors wider than the service takes, a limit /info does not state: the service's 422 fails the chunk, and so the step: lambda = 0 under skip, logged with the service's message;
+    the next step is shaped. No group is dropped on the strength of an error message's wording."""
+    vectors = [[[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], [[0.5] * WIDE] * 3]
+    shaper = SetpoShaper(inprocess, weight=0.1, on_error="skip")
+    with caplog.at_level("ERROR", logger="setpo_client"):
+        step = shaper.score(vectors)
+    assert step.marginals is None and step.metrics["setpo/fallback_steps"] == 1
+    assert any("422" in r.getMessage() and "16384" in r.getMessage() for r in caplog.records)
+    after = shaper.score(vectors[:1])
+    assert after.marginals is not None and after.metrics["setpo/fallback_steps"] == 1
+    with pytest.raises(SetpoError, match=r"on_error='fail'.*16384"):
+        SetpoShaper(inprocess, weight=0.1, on_error="fail").score(vectors)
 
 
 class FailingService(BaseHTTPRequestHandler):

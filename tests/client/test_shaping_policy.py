@@ -174,6 +174,9 @@ def test_a_policy_from_settings_is_what_the_shaper_takes():
         "normalize": "none",
         "embed_span": None,
         "controller": None,
+        "advantage": "framework",
+        "positive_weight": 0.1,
+        "combine": "add",
     }
     SetpoShaper(SetpoClient(), 0.1, **policy)  # taken as it is
 

@@ -1,57 +1,26 @@
 """What every trainer integration (OpenRLHF, TRL, veRL, the bandit) does once per step, in one place: the diversity
-policy, fitting the step's groups within the service's limits, the one degrade policy, the weight, the step's
-timing and its SetPO metrics under one set of names.
+policy, the base advantage and how the bonus combines with it, the step's requests (fitting.py), the one fault policy,
+the weight, the step's timing and its setpo/* metrics (docs/service.md, "The Python client"; docs/diversity.md).
 
     shaper = SetpoShaper(SetpoClient(url), weight=0.05, on_error="skip")              # the paper's form
     shaper = SetpoShaper(SetpoClient(url), weight=0.5, min_reward=1.0, key=countdown_expression,
                          kernel="hybrid", normalize="zscore", controller=WeightController(target_ratio=0.3))
-    shaper.start(group_size=8)                       # at start: groups scoreable, service ready, key works, limits
-    step = shaper.score(texts_per_group, rewards=..., advantages=...)  # a member may be None: not scorable
-    for group, bonus in zip(groups, step.bonus): advantages_of(group) += bonus   # the service's bonus
-    logger.log(step.metrics)
+    shaper.start(group_size=8)                     # at start: groups scoreable, service ready, key accepted, limits
+    shaper.submit(texts_per_group, rewards=...)    # early, as soon as the texts (and, with min_reward, rewards) exist
+    step = shaper.shape(texts_per_group, rewards=..., advantages=...)   # late, where the advantages are combined
+    train_on(step.advantages); logger.log(step.metrics)
 
-    pending = shaper.submit(texts_per_group, rewards=...)  # off the critical path: as soon as the texts exist ...
-    step = pending.result(advantages=...)                  # ... and wait only where the advantages are combined
+A member may be None (padding, a rejected sample): not scored, bonus 0. `shape` collects the step submitted early only
+if it is this step (the same members, rewards and keys), else scores these groups now; `score` is both at once.
 
-The diversity policy (contract v1.1; docs/diversity.md says how to choose it for a task):
-- `min_reward`: only responses whose reward reaches it are scored, among themselves; the others get 0;
-- `key`: a function text -> solution identity or None, sent as the group's `keys` ('hybrid' and 'key' kernels);
-- `kernel`: 'embedding' (the paper), 'hybrid', 'key'; `normalize`: 'none' (the paper) or 'zscore';
-- `embed_span`: a regular expression; of each text, the last match (its group, if it has one) is what the service
-  embeds, e.g. r"<answer>(.*?)</answer>" where the answer carries the solution (a program, an expression); a text
-  without a match is sent whole and counted (setpo/span_missing). Keys are taken from the whole text;
-- the weight: `weight` fixed, or steered by a WeightController to a target ratio of the bonus's RMS to the
-  advantage's RMS (logged every step as setpo/weight).
-
-The base and the combination (docs/diversity.md, "Bases that keep coverage"; the math: setpo_core.advantages):
-- `advantage`: 'framework' (the advantages the caller passes, the framework's own), or 'maxrl' / 'w_reinforce'
-  (computed here from the step's pass/fail rewards; `positive_weight` is W-REINFORCE's lambda); a reward that is
-  neither 0 nor 1 is refused (ValueError) at submit;
-- `combine`: 'add' (the paper: A + bonus) or 'reshare' (the bonus re-shares the base's positive advantages among
-  a group's members, the group's total push unchanged; needs normalize='zscore'). The step's `advantages` are the
-  result, whatever the service did: on a fallback step or for an unscored group the bonus is 0, so they are the base's.
-
-The degrade policy, for every integration:
-- a group with fewer than 3 scorable members, or more than the service takes (max_group_size,
-  max_request_rows, max_response_bytes; its texts, max_queue_texts), gets bonus 0 and is counted
-  (setpo/unscored_groups); one with fewer than 3 members reaching min_reward gets 0 without a request
-  (setpo/small_scope_groups); one whose own rewards or vectors the service refuses (a 422 naming groups[b].rewards
-  or .embeddings) gets 0 and is counted (setpo/bad_groups), its chunk sent again without it; the rest is shaped;
-- texts are cut to the service's max_text_chars (and max_chars), by UTF-8 bytes where a group must fit the
-  body limit, and a step is split into as many requests as max_groups / max_request_rows / max_body_bytes /
-  max_response_bytes / max_queue_texts / max_queue_tokens need (the limits of /info, asked again after a failed
-  step and after the client took a replica back: it may have come back with others),
-  and into at least `in_flight` chunks of about equal bytes (a proxy for tokens: texts are cut to what the service
-  keeps), which are in flight at once over the client's replicas; answers are put back by group index;
-- a chunk that fails at one replica (unreachable, an error answer, an answer off the contract) is asked of
-  another before the step falls back (setpo/chunk_retries); the step keeps one deadline for all of it;
-- on_error="skip": ANY failure (unreachable, 5xx, 4xx such as a 401 after the key was rotated, an answer off
-  the contract: a group missing, a NaN or Infinity or an overflowing square in any number read, a weight not
-  the one sent (client.answer_problem); chunks of one step scored by different models; a key function
-  that raises) trains the step with lambda = 0, is counted (setpo/fallback_steps)
-  and logged at error level with the service's message; on_error="fail": it stops training with that message.
+The degrade policy: a group with fewer than 3 scorable members (or 3 reaching min_reward), more than the service
+takes, or members it cannot carry (a text that is not text, NaN, rewards that overflow) gets bonus 0 and is counted;
+the rest is shaped. Any other failure (unreachable, an error answer, an answer off the contract, chunks scored by two
+models, a key function that raises) is the step's: on_error="skip" trains it with lambda = 0, counted
+(setpo/fallback_steps) and logged with the service's message; "fail" stops training with that message.
 """
 
+import contextlib
 import logging
 import math
 import re
@@ -63,37 +32,32 @@ from dataclasses import dataclass
 from statistics import fmean, pstdev
 from typing import Literal
 
-from setpo_client.client import SetpoClient, json_body
-from setpo_client.errors import SetpoAPIError, SetpoError
+from setpo_client.client import SetpoClient
+from setpo_client.errors import SetpoError
+from setpo_client.fitting import MIN_GROUP, Chunk, fit_step, largest_group, text_chars
 from setpo_client.policy import check_combination, check_form, check_span, check_steerable
 from setpo_client.types import Advantage, Combine, GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
+__all__ = ["MIN_GROUP", "PendingStep", "SetpoShaper", "ShapedStep", "largest_group", "text_chars", "would_shape"]
 log = logging.getLogger("setpo_client")
 
 OnError = Literal["skip", "fail"]
-MIN_GROUP = 3  # leave-one-out marginals need pairs left after removing one member
 # Requests in flight per replica by default: a second one to the same process gains nothing, on a GPU or on CPU
 # cores its one model already uses (docs/benchmarks.md, sections 16 and 17).
 IN_FLIGHT_PER_REPLICA = 1
-# The service's estimate of a /v1/diversity answer, refused over its max_response_bytes (setpo_server.routes): at
-# most 5 numbers of 24 bytes a member and 160 bytes a group. A step is packed within it like within max_body_bytes.
-ANSWER_BYTES_PER_ROW, ANSWER_BYTES_PER_GROUP = 5 * 24, 160
-# A text's tokens, bounded from above for max_queue_tokens without its tokenizer: at most max_tokens (the service
-# truncates), and at most one a UTF-8 byte (WordPiece, byte-level BPE and SentencePiece pieces each cover one or
-# more) plus this many the tokenizer adds (special tokens, SentencePiece's leading '▁'). A model with a default prompt,
-# which the service puts before every text, adds its tokens: a request over the queue then fails its chunk.
-ADDED_TOKENS = 4
 
 
 @dataclass
 class PendingStep:
-    """A step submitted to SetpoShaper.submit: its members (copied), what its work found, and its work in flight."""
+    """A step submitted to SetpoShaper.submit: its members, rewards and keys (copied), what its work found, and its
+    work in flight."""
 
     shaper: "SetpoShaper"
     groups: list[list]
     scorable: list[list[int]]
     rewards: list[list[float]] | None
+    keys: list[list[str | None]] | None
     counts: dict[str, int]
     weight: float
     started: float
@@ -107,9 +71,8 @@ class PendingStep:
         since: float | None = None,
         rewards: Sequence[Sequence[float]] | None = None,
     ) -> "ShapedStep":
-        """The step shaped, once: waits for its answers (see SetpoShaper.submit); advantages as for score(). since:
-        when the caller's own SetPO work before this call began (reading the step back), counted as blocked. rewards:
-        the step's, for a base computed here (advantage='maxrl' | 'w_reinforce') when submit was not given them."""
+        """This very step, shaped, without shape()'s check that it is the step at hand (the veRL plug-in's, until it
+        calls shape())."""
         return self.shaper.collect(self, advantages, since, rewards)
 
 
@@ -120,16 +83,18 @@ class ShapedStep:
     # with the bonus; None when the base is the framework's and the caller passed no advantages
     advantages: list[list[float]] | None
     marginals: list[list[float] | None] | None  # raw scoped s_i of each scored group's members sent; None on fallback
-    metrics: dict[str, float]  # "setpo/..." names, see SetpoShaper.score
+    metrics: dict[str, float]  # "setpo/..." names (docs/service.md, "The Python client")
 
 
 class SetpoShaper:
-    """Scores one training step's groups under the diversity policy, the service's limits (learned from /info)
-    and the degrade policy above. max_chars caps each text further (its beginning is kept, as the server keeps
-    the beginning when it truncates tokens); by default texts are cut to what the service keeps (text_chars),
-    which it would cut to anyway. in_flight: requests in flight at once (default: IN_FLIGHT_PER_REPLICA for each of
-    the client's replicas; never more than /info's max_concurrent_requests and max_requests_per_caller admit); 1
-    sends a step's requests in turn."""
+    """Scores one training step's groups under the diversity policy, the service's limits (learned from /info) and
+    the degrade policy above. max_chars caps each text further (its beginning is kept, as the server keeps the
+    beginning when it truncates tokens); by default texts are cut to what the service keeps. in_flight: requests in
+    flight at once (default: IN_FLIGHT_PER_REPLICA for each of the client's replicas; never more than /info's
+    max_concurrent_requests and max_requests_per_caller admit); 1 sends a step's requests in turn.
+    advantage: 'framework' (the caller's advantages), or 'maxrl' / 'w_reinforce', computed here from the step's
+    pass/fail rewards (positive_weight: W-REINFORCE's lambda; a reward neither 0 nor 1 is a ValueError); combine: 'add'
+    (A + bonus, the paper's) or 'reshare' (the bonus re-shares the base's positive push; normalize='zscore')."""
 
     def __init__(
         self,
@@ -175,7 +140,7 @@ class SetpoShaper:
         self.info_changes = 0  # the client's replica_changes when self.info was asked (info_known)
         self.fallback_steps = 0
         self.unscored_groups = 0
-        self.dropped_steps = 0  # submitted, never collected (submit)
+        self.dropped_steps = 0  # submitted, never collected
         self.pending: PendingStep | None = None  # the step submitted and not yet collected: at most one
         self.previous_start: float | None = None  # the previous step's start: one training step ago
 
@@ -202,16 +167,15 @@ class SetpoShaper:
                 f"SetPO needs a group advantage estimator ({', '.join(supported)}); got {spell('estimator')}={estimator}"
             )
         info = self.check(ready_timeout)
-        limits = info.limits
-        largest = largest_group(limits)
+        largest = largest_group(info.limits)
         if group_size > largest:  # such a group would never be scored
             raise SetpoError(
                 f"groups of {group_size} responses; the service at {self.client.base_url} takes at most {largest}. "
                 f"Raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_RESPONSE_BYTES) on the service, or lower {spell('group_size')}."
             )
-        if (self.max_chars or 0) > limits.max_text_chars:
+        if (self.max_chars or 0) > info.limits.max_text_chars:
             raise SetpoError(
-                f"{spell('max_chars')} {self.max_chars}: the service takes texts of at most {limits.max_text_chars} "
+                f"{spell('max_chars')} {self.max_chars}: the service takes texts of at most {info.limits.max_text_chars} "
                 "characters; lower it, or raise SETPO_MAX_TEXT_CHARS on the service"
             )
         return info
@@ -230,7 +194,7 @@ class SetpoShaper:
         return self.info
 
     def learn_info(self, deadline: float | None = None) -> Info:
-        changes = self.client.replica_changes  # read first: a replica taken back while /info is asked counts next time
+        changes = self.client.replicas.replica_changes  # read first: a replica taken back meanwhile counts next time
         info = self.client.info(deadline=deadline)
         if info.contract is None or tuple(int(part) for part in info.contract.split(".")[:2]) < (1, 1):
             raise SetpoError(
@@ -243,7 +207,76 @@ class SetpoShaper:
     def info_known(self) -> bool:
         """Whether the /info learned still stands: learned, and no replica taken back or newly resolved since (one may
         serve another model, which strictest() refuses, or tighter limits, which the step's chunks must fit)."""
-        return self.info is not None and self.info_changes == self.client.replica_changes
+        return self.info is not None and self.info_changes == self.client.replicas.replica_changes
+
+    def limits(self, started: float | None = None) -> Limits | None:
+        """The service's limits, for a plug-in that fits its groups itself (veRL's multi-output sessions): those
+        learned, or asked now within the budget of the step whose SetPO work began at `started` (time.perf_counter());
+        None when they cannot be had (the step's scoring then meets the fault policy)."""
+        deadline = self.deadline(time.perf_counter() if started is None else started)
+        if not self.info_known() and self.weight > 0 and (deadline is None or deadline > time.monotonic()):
+            with contextlib.suppress(SetpoError):
+                self.info = self.learn_info(deadline)
+        return None if self.info is None else self.info.limits
+
+    def submit(
+        self,
+        groups: Sequence[Sequence],
+        rewards: Sequence[Sequence[float]] | None = None,
+        keys: Sequence[Sequence[str | None]] | None = None,
+        started: float | None = None,
+    ) -> PendingStep:
+        """Starts scoring a step early, so that the framework's own work hides SetPO's: groups, per prompt, its
+        responses as texts (embedded by the service) or embedding vectors, a member None when it is not scorable;
+        rewards, the same shape (needed with min_reward); keys, the same shape, solution keys when the caller knows
+        them (default: the key function's). The step's requests run on a thread of their own; its members are copied,
+        so the caller may reuse its lists. One step at a time: an earlier step still uncollected is dropped (its thread
+        waited for, logged, setpo/dropped_steps), so no thread outlives its step and no answer reaches another step.
+        started: when the caller's SetPO work for this step began (decoding included), for setpo/time_s."""
+        start = time.perf_counter() if started is None else started
+        if self.min_reward is not None and rewards is None:
+            raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
+        if rewards is not None and self.advantage != "framework":  # refused now, not after the step's requests
+            base_advantages(self.advantage, rewards, self.positive_weight)
+        if self.pending is not None:
+            self.drop(self.pending, "was submitted and never collected")
+        members = [list(group) for group in groups]
+        scores = None if rewards is None else [[float(r) for r in group] for group in rewards]
+        known = None if keys is None else [list(group) for group in keys]
+        scorable = [[row for row, member in enumerate(group) if member is not None] for group in members]
+        counts = dict.fromkeys(("unscored", "small_scope", "bad", "cut", "requests", "retries", "span_missing"), 0)
+        step = PendingStep(self, members, scorable, scores, known, counts, self.weight, start, None)
+        if step.weight > 0 and members:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="setpo-step")
+            step.work = pool.submit(self.work, step)
+            pool.shutdown(wait=False)  # its one thread ends with the work, which the step's deadline bounds
+        self.pending = step
+        step.submit_s = time.perf_counter() - start
+        return step
+
+    def shape(
+        self,
+        groups: Sequence[Sequence],
+        rewards: Sequence[Sequence[float]] | None = None,
+        advantages: Sequence[Sequence[float]] | None = None,
+        keys: Sequence[Sequence[str | None]] | None = None,
+        started: float | None = None,
+    ) -> ShapedStep:
+        """The step shaped, where its advantages are combined (arguments as submit's; advantages: the framework's,
+        the same shape, for the base 'framework', the controller and setpo/bonus_ratio). The one rule for "is this
+        the step submitted early?": the step submitted is collected if it has the same members in the same groups,
+        the same rewards where it was sent rewards and the same keys; else it is dropped (logged,
+        setpo/dropped_steps) and these groups are scored now. started: when the caller's SetPO work here began
+        (reading its batch back, decoding), counted as blocked."""
+        pending = self.pending
+        if pending is not None:
+            same = pending.groups == [list(group) for group in groups] and pending.keys == (
+                None if keys is None else [list(group) for group in keys]
+            )
+            if same and (pending.rewards is None or rewards is None or numbers(pending.rewards) == numbers(rewards)):
+                return self.collect(pending, advantages, started, rewards)
+            self.drop(pending, "was for other members or rewards than the step shaped; scoring this step now")
+        return self.score(groups, rewards, advantages, keys, started)
 
     def score(
         self,
@@ -253,94 +286,53 @@ class SetpoShaper:
         keys: Sequence[Sequence[str | None]] | None = None,
         started: float | None = None,
     ) -> ShapedStep:
-        """groups: per prompt, its responses as texts (embedded by the service) or embedding vectors; a member that
-        is None is not scorable (padding, a rejected sample) and gets bonus 0. rewards: the same shape, needed with
-        min_reward. advantages: the same shape, the advantages the bonus is added to (for the controller and the
-        setpo/bonus_ratio metric). keys: the same shape, solution keys when the caller knows them (default: the key
-        function applied to each text). started: when the caller's SetPO work for this step began (decoding
-        included), for setpo/time_s; default now. The step's scoring is submitted and waited for at once."""
-        return self.submit(groups, rewards, keys, started).result(advantages)
-
-    def submit(
-        self,
-        groups: Sequence[Sequence],
-        rewards: Sequence[Sequence[float]] | None = None,
-        keys: Sequence[Sequence[str | None]] | None = None,
-        started: float | None = None,
-    ) -> "PendingStep":
-        """score() in two halves, so that the framework's own work hides SetPO's: submit as soon as the texts (and
-        the rewards, with min_reward) exist; the step's requests run on a thread of their own, and
-        `pending.result(advantages)` waits for them where the advantages are combined (setpo/wait_s: what the
-        caller blocked). The step's members are copied here, so the caller may reuse its lists. One step at a
-        time: submitting while an earlier step is uncollected waits for that step's thread and drops its answer
-        (logged, setpo/dropped_steps), so no thread outlives its step and no answer reaches another step."""
-        start = time.perf_counter() if started is None else started
-        if self.min_reward is not None and rewards is None:
-            raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
-        if rewards is not None and self.advantage != "framework":  # refused now, not after the step's requests
-            base_advantages(self.advantage, rewards, self.positive_weight)
-        if self.pending is not None:
-            self.drop(self.pending)
-        members = [list(group) for group in groups]
-        scores = None if rewards is None else [[float(r) for r in group] for group in rewards]
-        known = None if keys is None else [list(group) for group in keys]
-        scorable = [[row for row, member in enumerate(group) if member is not None] for group in members]
-        counts = dict.fromkeys(("unscored", "small_scope", "bad", "cut", "requests", "retries", "span_missing"), 0)
-        step = PendingStep(self, members, scorable, scores, counts, self.weight, start, None)
-        if step.weight > 0 and members:
-            pool = ThreadPoolExecutor(1, thread_name_prefix="setpo-step")
-            step.work = pool.submit(self.ask, step, known)
-            pool.shutdown(wait=False)  # its one thread ends with the work, which the step's deadline bounds
-        self.pending = step
-        step.submit_s = time.perf_counter() - start
-        return step
+        """submit() and shape() at once: these groups, scored now."""
+        return self.collect(self.submit(groups, rewards, keys, started), advantages)
 
     def deadline(self, started: float) -> float | None:
         """When a step whose SetPO work began at `started` (time.perf_counter()) must be done, as time.monotonic()
         (None: no budget): one budget for all of it, a plug-in's own /info ask before the submit included."""
-        return (
-            None
-            if self.step_timeout is None
-            else time.monotonic() + self.step_timeout - (time.perf_counter() - started)
-        )
+        if self.step_timeout is None:
+            return None
+        return time.monotonic() + self.step_timeout - (time.perf_counter() - started)
 
-    def ask(self, step: "PendingStep", keys: list[list[str | None]] | None) -> list[tuple[int, GroupResult]]:
-        """A submitted step's work, on its own thread: (group index, the service's answer) for every group sent.
-        Its time goes to step.work_s whether it answers or fails: a failed step's requests cost time too."""
-        began, counts = time.perf_counter(), step.counts
+    def work(self, step: PendingStep) -> list[tuple[int, GroupResult]]:
+        """A submitted step's work, on its own thread: (group index, the service's answer) for every group sent. Its
+        time goes to step.work_s, and the requests it sent again to setpo/chunk_retries, whether it answers or fails."""
+        began, counts, retried = time.perf_counter(), step.counts, self.client.retries
         try:
             deadline = self.deadline(step.started)
-            info = self.info
-            if info is None or not self.info_known():
+            info = self.info if self.info_known() else None
+            if info is None:
                 info = self.info = self.learn_info(deadline)
-            payloads = self.payloads(step.groups, step.scorable, step.rewards, keys, counts)  # 1. what can be scored
-            envelope = {"groups": [], "weight": step.weight, "kernel": self.kernel, "normalize": self.normalize}
+            payloads = self.payloads(step.groups, step.scorable, step.rewards, step.keys, counts)  # 1. what is sent
+            envelope = {"weight": step.weight, "kernel": self.kernel, "normalize": self.normalize}
             if self.min_reward is not None:
                 envelope["min_reward"] = self.min_reward
             in_flight = self.in_flight or IN_FLIGHT_PER_REPLICA * len(self.client.urls)
             places = [info.limits.max_concurrent_requests, info.limits.max_requests_per_caller]  # of one replica, ours
             in_flight = min(in_flight, min((n for n in places if n), default=in_flight) * len(self.client.urls))
-            batches, counts["unscored"], counts["cut"] = fit_step(  # 2. fitted to the service's limits, in chunks
-                payloads, info, envelope, self.max_chars, in_flight
-            )
-            return self.send(batches, step.weight, counts, deadline, in_flight)  # 3. the service's answers
+            chunks = fit_step(payloads, info, envelope, self.max_chars, in_flight, counts)  # 2. encoded once, fitted
+            return self.send_chunks(chunks, step.weight, counts, deadline, in_flight)  # 3. the service's answers
         finally:
             step.work_s = time.perf_counter() - began
+            counts["retries"] = self.client.retries - retried
 
     def collect(
         self,
-        step: "PendingStep",
+        step: PendingStep,
         advantages: Sequence[Sequence[float]] | None,
         since: float | None = None,
         rewards: Sequence[Sequence[float]] | None = None,
     ) -> ShapedStep:
-        """PendingStep.result: waits for the step's answers, then applies the fault policy, puts the bonus back
-        onto the members, combines it with the base, steps the controller and times the step."""
+        """Waits for a submitted step's answers, then applies the fault policy, puts the bonus back onto the members,
+        combines it with the base, steps the controller and times the step. since: when the caller's own SetPO work
+        before this call began, counted as blocked. rewards: the step's, for the base, when submit had none."""
         if step is not self.pending:
             raise RuntimeError("this step's SetPO scoring was collected already, or dropped for a later step's")
         self.pending = None
         waiting = time.perf_counter()
-        reading = 0.0 if since is None else waiting - since  # the caller's work at collect, before result()
+        reading = 0.0 if since is None else waiting - since  # the caller's work at collect, before this call
         answered: list[tuple[int, GroupResult]] = []
         failed = False
         if step.work is not None:
@@ -368,9 +360,7 @@ class SetpoShaper:
         shaped = None if advantages is None else combined(advantages, bonus, self.combine)
 
         self.unscored_groups += counts["unscored"]  # 7. metrics, the controller's next lambda, the step's time
-        metrics = self.step_metrics(
-            groups, scorable, step.rewards, advantages, bonus, answered, counts, weight, marginals
-        )
+        metrics = self.step_metrics(step, advantages, bonus, answered, marginals)
         if self.controller is not None and marginals is not None:
             self.controller.update(metrics["setpo/bonus_rms"], metrics.get("setpo/advantage_rms", 0.0))
             self.weight = self.controller.weight
@@ -384,18 +374,14 @@ class SetpoShaper:
         self.previous_start = step.started
         return ShapedStep(bonus, shaped, marginals, metrics)
 
-    def drop(self, step: "PendingStep") -> None:
-        """An uncollected step, before the next one starts: its thread is waited for (bounded by its deadline) and
-        its answer dropped."""
+    def drop(self, step: PendingStep, why: str) -> None:
+        """A step submitted and not collected, before another is scored: its thread is waited for (bounded by its
+        deadline) and its answer dropped."""
         self.pending = None
         self.dropped_steps += 1
         if step.work is not None:
             wait([step.work])
-        log.warning(
-            "SetPO: a step's scoring was submitted and never collected; dropped before the next step's "
-            "(%d dropped so far)",
-            self.dropped_steps,
-        )
+        log.warning("SetPO: a step's scoring %s; its answer is dropped (%d dropped so far)", why, self.dropped_steps)
 
     def payloads(
         self,
@@ -406,8 +392,7 @@ class SetpoShaper:
         counts: dict[str, int],
     ) -> list[tuple[int, dict, int]]:
         """(group index, v1.1 group payload, members) for every group worth sending: a group with fewer than 3
-        members reaching min_reward would be answered zeros (counted small_scope), one whose own members cannot
-        be sent goes unshaped alone (counted bad)."""
+        members reaching min_reward would be answered zeros (counted small_scope)."""
         payloads = []
         for index, rows in enumerate(scorable):
             members = [groups[index][row] for row in rows]
@@ -420,96 +405,48 @@ class SetpoShaper:
             else:
                 payload = {"texts" if isinstance(members[0], str) else "embeddings": members} if members else {}
             if rewards is not None:
-                payload["rewards"] = [float(rewards[index][row]) for row in rows]
+                payload["rewards"] = [rewards[index][row] for row in rows]
                 reaching = sum(r >= self.min_reward for r in payload["rewards"]) if self.min_reward is not None else 0
                 if self.min_reward is not None and len(rows) >= MIN_GROUP and reaching < MIN_GROUP:
                     counts["small_scope"] += 1
                     continue
             if self.kernel != "embedding":
                 payload["keys"] = [keys[index][row] for row in rows] if keys is not None else self.keys_of(members)
-            problem = group_problem(payload)
-            if problem is not None:
-                counts["bad"] += 1
-                log.warning("SetPO: group %d of the step cannot be sent (%s); its bonus is 0", index, problem)
-                continue
             payloads.append((index, payload, len(rows)))
         return payloads
 
-    def send(
-        self,
-        batches: list[list[tuple[int, dict]]],
-        weight: float,
-        counts: dict[str, int],
-        deadline: float | None,
-        in_flight: int,
+    def send_chunks(
+        self, chunks: list[Chunk], weight: float, counts: dict[str, int], deadline: float | None, in_flight: int
     ) -> list[tuple[int, GroupResult]]:
-        """The chunks, `in_flight` at a time, within the step's deadline; (group index, the service's answer) for
-        every group answered, in the chunks' order whatever order the answers came in, all of them scored by one model.
-        The threads end with the step: a failure cancels the chunks not yet sent and waits for those in flight (each
-        bounded by the deadline)."""
-
+        """The step's chunks, `in_flight` at a time, within its deadline (a chunk one replica fails, the client asks
+        of another); (group index, the service's answer) for every group, in the chunks' order whatever order the
+        answers came in, all of one model. A failure fails the step: the chunks not yet sent are cancelled, those in
+        flight waited for (each bounded by the deadline)."""
         counting = threading.Lock()  # the chunks count as they go: a step that fails reports what it did too
 
-        def ask(batch: list[tuple[int, dict]]) -> tuple[str | None, list[tuple[int, GroupResult]]]:
-            batch, avoid = list(batch), list[str]()
-            while batch:
-                try:
-                    answer = self.client.diversity(
-                        [payload for _, payload in batch],
-                        weight=weight,
-                        min_reward=self.min_reward,
-                        kernel=self.kernel,
-                        normalize=self.normalize,
-                        deadline=deadline,
-                        avoid=avoid,
-                    )
-                    with counting:
-                        counts["requests"] += 1
-                    return answer.model, [(index, group) for (index, _), group in zip(batch, answer.groups)]
-                except SetpoError as exc:
-                    # A 422 about one group's own data (its rewards, its vectors: what only the service can judge) is
-                    # that group's fault: it goes unshaped, the rest again. One about a limit (a group's size, a text's
-                    # length) says the limits learned are stale, or this replica's are others': the chunk fails.
-                    named = None
-                    if isinstance(exc, SetpoAPIError) and exc.status == 422:
-                        named = re.match(r"groups\[(\d+)\]\.(rewards|embeddings)\b", exc.param or "")
-                    if named and int(named[1]) < len(batch):
-                        index, _ = batch.pop(int(named[1]))
-                        log.warning("SetPO: the service refused group %d of the step (%s); its bonus is 0", index, exc)
-                        with counting:
-                            counts["bad"] += 1
-                        continue
-                    # another replica may answer it: ask it while the step has time
-                    others = [url for url in self.client.urls if url not in avoid and url != exc.replica]
-                    if exc.replica is None or not others or (deadline is not None and time.monotonic() >= deadline):
-                        raise
-                    log.warning(
-                        "SetPO: a chunk of %d groups failed at %s (%s); asking another replica",
-                        len(batch),
-                        exc.replica,
-                        exc,
-                    )
-                    with counting:
-                        counts["retries"] += 1
-                    avoid.append(exc.replica)
-            return None, []  # every group of the chunk refused
+        def send(chunk: Chunk) -> tuple[str, list[tuple[int, GroupResult]]]:
+            answer = self.client.diversity_json(chunk.body, chunk.sizes, weight, deadline)
+            with counting:
+                counts["requests"] += 1
+            return answer.model, list(zip(chunk.indices, answer.groups))
 
-        with ThreadPoolExecutor(min(in_flight, len(batches)) or 1, thread_name_prefix="setpo-chunk") as pool:
-            futures = [pool.submit(ask, batch) for batch in batches]
+        with ThreadPoolExecutor(min(in_flight, len(chunks)) or 1, thread_name_prefix="setpo-chunk") as pool:
+            futures = [pool.submit(send, chunk) for chunk in chunks]
             wait(futures, return_when=FIRST_EXCEPTION)
-            failed = [future for future in futures if future.done() and future.exception() is not None]
-            if failed:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise failed[0].exception()  # type: ignore[misc]
+            for future in futures:
+                future.cancel()  # not yet sent: never sent
+            failure = next((error for f in futures if not f.cancelled() and (error := f.exception())), None)
+            if failure is not None:
+                raise failure
             answers = [future.result() for future in futures]
-        models = sorted({model for model, _ in answers if model is not None})
+        models = sorted({model for model, _ in answers})
         if len(models) > 1:  # a replica taken back mid-step serving another model: marginals of two spaces
             raise SetpoError(f"one step's chunks were scored by different models ({', '.join(models)})")
         return [pair for _, pairs in answers for pair in pairs]
 
     def span_of(self, text: object, counts: dict[str, int]) -> object:
         """What of a text is embedded under embed_span: its last match's group (or the whole match); the text whole
-        when nothing (or nothing but space) matches, counted. A member that is not text is left for group_problem."""
+        when nothing (or nothing but space) matches, counted. A member that is not text is left for the fitting."""
         assert self.embed_span is not None
         if not isinstance(text, str):
             return text
@@ -541,24 +478,21 @@ class SetpoShaper:
 
     def step_metrics(
         self,
-        groups: Sequence[Sequence],
-        scorable: list[list[int]],
-        rewards: Sequence[Sequence[float]] | None,
+        step: PendingStep,
         advantages: Sequence[Sequence[float]] | None,
         bonus: list[list[float]],
         scored: list[tuple[int, GroupResult]],
-        counts: dict[str, int],
-        weight: float,
         marginals: list[list[float] | None] | None,
     ) -> dict[str, float]:
-        """The step's setpo/* metrics (setpo/time_s and setpo/time_share are added by score)."""
+        """The step's setpo/* metrics (setpo/time_s, wait_s and time_share are added by collect)."""
+        groups, scorable, rewards, counts = step.groups, step.scorable, step.rewards, step.counts
         members = [(index, row) for index, rows in enumerate(scorable) for row in rows]
         metrics = {
             "setpo/duplicate_share": duplicate_share(
                 [[hashable(group[row]) for row in rows] for group, rows in zip(groups, scorable)]
             ),
             "setpo/active": 1.0 if any(result.scored for _, result in scored) else 0.0,
-            "setpo/weight": weight if marginals is not None else 0.0,  # the lambda this step applied
+            "setpo/weight": step.weight if marginals is not None else 0.0,  # the lambda this step applied
             "setpo/fallback_steps": float(self.fallback_steps),
             "setpo/dropped_steps": float(self.dropped_steps),
             "setpo/unscored_groups": float(counts["unscored"]),
@@ -569,7 +503,7 @@ class SetpoShaper:
             "setpo/scored_share": sum(result.scored or 0 for _, result in scored) / max(1, len(members)),
             "setpo/cut_texts": float(counts["cut"]),
             "setpo/requests": float(counts["requests"]),
-            "setpo/chunk_retries": float(counts["retries"]),
+            "setpo/chunk_retries": float(counts["retries"]),  # the step's requests sent again
             "setpo/bonus_rms": rms([bonus[index][row] for index, row in members]),
         }
         if self.embed_span is not None:  # texts sent whole for want of a match: a format the pattern does not fit
@@ -633,39 +567,6 @@ def combined(advantages: Sequence[Sequence[float]], bonus: list[list[float]], co
     return shaped
 
 
-def fit_step(
-    payloads: list[tuple[int, dict, int]], info: Info, envelope: dict, max_chars: int | None, chunks: int = 1
-) -> tuple[list[list[tuple[int, dict]]], int, int]:
-    """The step as requests the service accepts, at least `chunks` of them where there are groups enough: payloads
-    are (group index, group payload, members); returns ([[(group index, group payload), ...] per request], groups
-    left unscored, texts cut). Sizes are measured with the client's own encoder, so they are the real body sizes."""
-    limits = info.limits
-    chars = text_chars(info, max_chars)
-    envelope_size = len(json_body(envelope))
-    fitted, unscored, cut = [], 0, 0
-    max_rows = largest_group(limits)
-    oversized = [size for _, _, size in payloads if size > max_rows]
-    if oversized:  # start() checked the configured group size; a group can still outgrow it (multi-output loops)
-        log.warning(
-            "SetPO: %d group(s) of %s members; the service takes at most %d: their bonus is 0. Raise "
-            "SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS, SETPO_MAX_RESPONSE_BYTES) on the service, or make the groups smaller",
-            len(oversized),
-            ", ".join(map(str, sorted(set(oversized)))),
-            max_rows,
-        )
-    for index, payload, size in payloads:
-        group = fit_group(payload, size, limits, chars, limits.max_body_bytes - envelope_size)
-        if group is None:
-            unscored += 1
-            continue
-        texts = group[0].get("texts", [])
-        tokens = sum(min(info.max_tokens, len(text.encode("utf-8")) + ADDED_TOKENS) for text in texts)
-        fitted.append((index, *group, len(texts), tokens))
-        if "texts" in payload:
-            cut += sum(len(a) < len(b) for a, b in zip(texts, payload["texts"]))
-    return pack(fitted, limits, envelope_size, chunks), unscored, cut
-
-
 def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Sequence[float]) -> bool:
     """Whether the bonus would set a group's members apart, from the texts alone (no request). With all rewards
     equal (the groups DAPO's dynamic sampling drops) GRPO's advantage is 0 for every member, so the shaped one is
@@ -692,109 +593,13 @@ def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Seque
     return len(sizes) > 1 or (shaper.kernel != "key" and len(set(compared)) > 2)
 
 
-def largest_group(limits: Limits) -> int:
-    """The most members a group may have for the service to score it: its group size, request rows and answer
-    size limits."""
-    rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
-    if limits.max_response_bytes:
-        rows = min(rows, (limits.max_response_bytes - ANSWER_BYTES_PER_GROUP) // ANSWER_BYTES_PER_ROW)
-    return rows
-
-
-def text_chars(info: Info, max_chars: int | None = None) -> int:
-    """Characters of a text the plug-ins send: what the server keeps (/info's truncate_chars; 8 a model token from
-    a server too old to say), or the caller's max_chars, within the service's max_text_chars."""
-    return min(info.limits.max_text_chars, max_chars or info.truncate_chars or 8 * info.max_tokens)
-
-
-def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int) -> tuple[dict, int, int] | None:
-    """(payload fitted, members, its JSON bytes), or None when the group cannot be sent whole: too few or too many
-    members, a key too long (cutting a key would change which solution it names), embeddings over the budget (the
-    most one group's JSON may take), or texts whose share of it is too short to be any use."""
-    max_rows = largest_group(limits)
-    keys = payload.get("keys") or []
-    if not MIN_GROUP <= size <= max_rows or any(key is not None and len(key) > limits.max_text_chars for key in keys):
-        return None
-    if "texts" in payload:
-        if size > limits.max_queue_texts:  # one request's texts must fit the service's queue
-            return None
-        payload = {**payload, "texts": [text[:chars] for text in payload["texts"]]}
-        if len(json_body(payload)) > budget:  # share the body among the texts, by UTF-8 bytes of their JSON
-            share = (budget - len(json_body({**payload, "texts": [""] * size}))) // size
-            payload["texts"] = [cut_to_json_bytes(text, share) for text in payload["texts"]]
-    elif "embeddings" in payload:
-        payload = {**payload, "embeddings": [[float(x) for x in vector] for vector in payload["embeddings"]]}
-    body_size = len(json_body(payload))
-    return (payload, size, body_size) if body_size <= budget else None
-
-
-def pack(
-    fitted: list[tuple[int, dict, int, int, int, int]], limits: Limits, envelope_size: int, chunks: int = 1
-) -> list[list[tuple[int, dict]]]:
-    """Fitted groups (index, payload, members, JSON bytes, texts, tokens at most) into requests, in order: `chunks`
-    parts of about equal bytes (a group goes to the part its middle byte falls in; never split), each cut further
-    into as few requests as max_groups, max_request_rows, max_body_bytes, max_response_bytes (the answer's size),
-    max_queue_texts and max_queue_tokens (what one request may queue) allow."""
-    total = max(1, sum(body_size for _, _, _, body_size, _, _ in fitted))
-    batches: list[list[tuple[int, dict]]] = []
-    batch: list[tuple[int, dict]] = []
-    rows_in, bytes_in, texts_in, tokens_in, done, batch_part = 0, envelope_size, 0, 0, 0, 0
-    for index, payload, row_count, body_size, text_count, token_count in fitted:
-        part = min(chunks - 1, (2 * done + body_size) * chunks // (2 * total))
-        done += body_size
-        comma = 1 if batch else 0
-        if batch and (
-            part != batch_part
-            or len(batch) + 1 > limits.max_groups
-            or (limits.max_request_rows and rows_in + row_count > limits.max_request_rows)
-            or bytes_in + comma + body_size > limits.max_body_bytes
-            or (
-                limits.max_response_bytes
-                and (rows_in + row_count) * ANSWER_BYTES_PER_ROW + (len(batch) + 1) * ANSWER_BYTES_PER_GROUP
-                > limits.max_response_bytes
-            )
-            or texts_in + text_count > limits.max_queue_texts
-            or (limits.max_queue_tokens and tokens_in + token_count > limits.max_queue_tokens)
-        ):
-            batches.append(batch)
-            batch, rows_in, bytes_in, texts_in, tokens_in, comma = [], 0, envelope_size, 0, 0, 0
-        batch.append((index, payload))
-        rows_in, bytes_in, batch_part = rows_in + row_count, bytes_in + comma + body_size, part
-        texts_in, tokens_in = texts_in + text_count, tokens_in + token_count
-    if batch:
-        batches.append(batch)
-    return batches
-
-
-def cut_to_json_bytes(text: str, budget: int) -> str:
-    """The longest beginning of text whose JSON string (quotes and escapes included) takes <= budget UTF-8 bytes."""
-    if budget <= 2:
-        return ""
-    text = text.encode("utf-8")[: budget - 2].decode("utf-8", errors="ignore")  # never half a character
-    while len(json_body(text)) > budget:  # escapes (quotes, backslashes, control characters) take more
-        text = text[: len(text) - max(1, (len(json_body(text)) - budget) // 6)]
-    return text
+def numbers(rewards: Sequence[Sequence[float]]) -> list[list[float | None]]:
+    """Rewards as floats that compare equal when they are, NaN with NaN (TRL's mark of a completion not scored)."""
+    return [[None if math.isnan(float(r)) else float(r) for r in group] for group in rewards]
 
 
 def rms(values: Sequence[float]) -> float:
     return math.sqrt(math.fsum(v * v for v in values) / len(values)) if values else 0.0
-
-
-def group_problem(payload: dict) -> str | None:
-    """Why a group's payload cannot be sent, by its own members' fault (a text that is not text, a vector that is
-    not a flat list of numbers, NaN, a lone surrogate), or None."""
-    texts, rows = payload.get("texts"), payload.get("embeddings")
-    if texts is not None and not all(isinstance(text, str) for text in texts):
-        return "a member is not text"
-    if rows is not None:
-        flat = all(isinstance(row, list | tuple) and row and all(type(x) in (int, float) for x in row) for row in rows)
-        if not flat or len({len(row) for row in rows}) > 1:
-            return "a member is not a vector of numbers of the group's length"
-    try:
-        json_body(payload)  # NaN and infinity, lone surrogates
-    except (ValueError, TypeError) as exc:
-        return str(exc)
-    return None
 
 
 def hashable(member: object) -> object:
