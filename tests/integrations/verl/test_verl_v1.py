@@ -44,7 +44,8 @@ def tokenizer():
 def put_rollouts(tq, tokenizer, partition: str, rows=None, off_policy=None):
     """Rows as veRL's agent loop stores them: key {uid}_{session}_{index}, nested responses and scores, the
     rollout's and the trainer's log-probs. rows: (uid, session, index, text, reward), text one policy turn or a
-    tuple of turns, each followed by a tool's output; default one output per session of ANSWERS. off_policy:
+    tuple of turns, each followed by a tool's output, reward a number on the policy's last token or a pair on its
+    first and last (a format part and an answer part); default one output per session of ANSWERS. off_policy:
     key -> the token positions whose rollout log-probs are far from the trainer's (None: all), for rejection."""
     rows = rows or [
         (uid, s, 0, text, REWARDS[uid][s]) for uid, texts in ANSWERS.items() for s, text in enumerate(texts)
@@ -59,7 +60,9 @@ def put_rollouts(tq, tokenizer, partition: str, rows=None, off_policy=None):
             answer = tokenizer(turn, add_special_tokens=False)["input_ids"]
             ids, mask = ids + answer + tool, mask + [1] * len(answer) + [0] * len(tool)
         scores = torch.zeros(len(ids))
-        scores[len(ids) - len(tool) - 1] = reward  # on the policy's last token
+        first, last = reward if isinstance(reward, tuple) else (0.0, reward)
+        scores[0] += first
+        scores[len(ids) - len(tool) - 1] += last
         key = f"{uid}_{session}_{index}"
         log_probs = torch.full((len(ids),), -1.0)
         rollout_log_probs = log_probs.clone()
@@ -238,9 +241,10 @@ def test_v1_min_reward_scores_sessions_by_their_final_outputs_reward_and_the_con
     transfer_queue, tokenizer, server, client
 ):
     p0 = ["48 / 2 = 24, so 72", "1.5 * 48 = 72", "seventy-two", "it is 74"]
-    # session 0 answers in two outputs: its first earns nothing, its final one is correct, so the session is
-    rows = [("p0", 0, 0, "let me think: 48 halves to 24", 0.0), ("p0", 0, 1, p0[0], 1.0)]
-    rows += [("p0", s, 0, p0[s], reward) for s, reward in ((1, 1.0), (2, 1.0), (3, 0.0))]
+    # session 0 answers in two outputs: its first earns nothing, its final one is correct, so the session is.
+    # A correct answer's reward is split over two tokens: only veRL's sum over the response reaches min_reward
+    rows = [("p0", 0, 0, "let me think: 48 halves to 24", 0.0), ("p0", 0, 1, p0[0], (0.5, 0.5))]
+    rows += [("p0", s, 0, p0[s], reward) for s, reward in ((1, (0.5, 0.5)), (2, (0.5, 0.5)), (3, 0.0))]
     rows += [("p1", s, 0, text, REWARDS["p1"][s]) for s, text in enumerate(ANSWERS["p1"])]  # 2 correct: too few
     policy = {"min_reward": 1.0, "normalize": "zscore", "target_ratio": 0.5, "weight_ema": 0.0, "max_weight": 100.0}
     steps = [  # two steps of one run: the controller carries over
