@@ -28,10 +28,10 @@ def submit_first(original, trainer, batch, *args, **kwargs):
     The later passes find it submitted, and the passes hide it."""
     import transfer_queue as tq
 
-    algorithm, rows = trainer.config.get("algorithm"), (batch.partition_id, tuple(batch.keys))
-    settings = setpo_settings(algorithm)
-    if settings is not None and not rejects_rows(algorithm) and submitted_for(shaper_for(settings), rows) is None:
-        started, shaper = time.perf_counter(), shaper_for(settings)
+    started, algorithm = time.perf_counter(), trainer.config.get("algorithm")
+    rows, settings = (batch.partition_id, tuple(batch.keys)), setpo_settings(algorithm)
+    shaper = shaper_for(settings) if settings is not None and not rejects_rows(algorithm) else None
+    if shaper is not None and submitted_for(shaper, rows) is None:
         fields = tq.kv_batch_get(
             keys=batch.keys,
             partition_id=batch.partition_id,
