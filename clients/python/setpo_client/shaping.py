@@ -533,7 +533,7 @@ def base_advantages(
 ) -> list[list[float]]:
     """Each member's advantage under a base computed from pass/fail rewards (setpo_core.advantages), groups of any
     size; a NaN reward (no reward function scored the member) gets 0 and is not counted in its group's success rate.
-    ValueError for a reward that is neither 0 nor 1."""
+    ValueError for a reward that is neither 0 nor 1, naming it and the base."""
     import torch  # setpo-core's own dependency: only this path of the client needs it
 
     from setpo_core.advantages import maxrl_advantages, w_reinforce_advantages
@@ -544,10 +544,14 @@ def base_advantages(
     for b, group in enumerate(rewards):
         row = torch.tensor([float(r) for r in group], dtype=torch.float64)
         padded[b, : len(group)], mask[b, : len(group)] = row.nan_to_num(0.0), ~row.isnan()
-    if advantage == "maxrl":
-        values = maxrl_advantages(padded, mask)
-    else:
-        values = w_reinforce_advantages(padded, mask, positive_weight)
+    try:
+        values = (
+            maxrl_advantages(padded, mask)
+            if advantage == "maxrl"
+            else w_reinforce_advantages(padded, mask, positive_weight)
+        )
+    except ValueError as exc:  # a reward neither 0 nor 1, named by its group and member
+        raise ValueError(f"advantage={advantage!r}: {exc}") from None
     return [values[b, : len(group)].tolist() for b, group in enumerate(rewards)]
 
 

@@ -49,6 +49,7 @@ def make_trainer(
     setpo_policy=None,
     reward_funcs=varied_reward,
     beta=0.0,
+    weight=WEIGHT,
     **config,
 ):
     args = GRPOConfig(
@@ -73,7 +74,7 @@ def make_trainer(
         train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
         rollout_func=rollout_func,
         setpo_client=client,
-        setpo_weight=WEIGHT,
+        setpo_weight=weight,
         setpo_on_error=on_error,
         **(setpo_policy or {}),
     )

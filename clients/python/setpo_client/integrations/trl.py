@@ -1,55 +1,17 @@
-"""SetPO for TRL's GRPOTrainer: Â_i = A_i + lambda * s_i on every completion, nothing else changed.
+"""SetPO for TRL's GRPOTrainer: each completion's advantage is TRL's (or the base `setpo_advantage` names) combined
+with the service's bonus, lambda * s_i; nothing else changed (docs/trl-and-verl.md, "TRL", says how to use it).
 
-    from setpo_client import SetpoClient
-    from setpo_client.integrations.trl import SetpoGRPOTrainer
     trainer = SetpoGRPOTrainer(setpo_client=SetpoClient(url), setpo_weight=0.05, setpo_on_error="skip",
                                model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...)
 
-Diversity among correct solutions (contract v1.1; docs/diversity.md says how to choose): setpo_min_reward=1.0 scores
-only the completions whose reward (TRL's weighted sum over reward_funcs) reaches it, setpo_key a key function (or
-its name, e.g. "countdown_expression"), setpo_kernel "embedding" | "hybrid" | "key", setpo_normalize "none" |
-"zscore", setpo_embed_span a regular expression choosing what of each completion is embedded (its last match, e.g.
-r"<answer>(.*?)</answer>"), and setpo_controller=WeightController(target_ratio=...) steers lambda (setpo_weight is then the first
-step's) so the bonus is that share of TRL's advantages.
-
-The base and the combination (docs/diversity.md, "Bases that keep coverage"): setpo_advantage "framework" (TRL's own
-advantages, per its loss_type and scale_rewards) | "maxrl" | "w_reinforce" (computed from TRL's reward, which must then
-be pass/fail: 0 or 1; setpo_positive_weight is W-REINFORCE's lambda, 0.1), and setpo_combine "add" (the paper's
-A + bonus) | "reshare" (the bonus re-shares the base's positive advantages; with setpo_normalize="zscore"). With
-setpo_weight=0 the base alone trains: MaxRL or W-REINFORCE inside TRL's GRPO loss.
-
-Replay (docs/diversity.md, "Replay"): setpo_replay_weight=alpha > 0 keeps a bank per prompt of the completions whose
-reward reaches setpo_min_reward and that differ from those banked (cosine of the service's embeddings below
-setpo_replay_threshold; exact text when it is None or the service fails), at most setpo_replay_capacity a prompt, and
-adds alpha times their length-normalised negative log-likelihood (equal weight per banked answer) to each loss. The
-bank is saved in every checkpoint (setpo_replay.json) and loaded by train(resume_from_checkpoint=...).
-
-Several replicas of the service: SetpoClient("http://a:8000,http://b:8000") (or SETPO_URL so spelled); a step's
-requests fan out over them, setpo_in_flight at once (default: one per replica). setpo_ready_timeout: how many seconds
-the constructor waits for a service that is still starting before it refuses to (veRL's ready_timeout).
-
-The service's key comes from $SETPO_API_KEY (SetpoClient's default): never put it in GRPOConfig, which TRL
-prints and sends to its trackers.
-
-The hook is TRL's own seam: `_generate_and_score_completions` computes the group advantages over the
-completions of ALL processes and returns this process's slice. We let it run unchanged, then decode this
-process's completions — only the tokens the loss trains on (completion_mask * tool_mask: tool and environment
-output are left out, as TRL's loss leaves them out) — gather every process's texts in the same order TRL
-gathered the rewards, score all groups through SetpoShaper (rank 0; the result is broadcast, so every process
-applies the same policy), and add this process's slice of lambda * s_i. A completion every reward function declined
-(None) is one TRL zeroes the advantage of, to keep it from moving the policy: it gets no bonus either. With
-setpo_min_reward it is also sent as not scorable, in no other member's marginal; submitted at generation, before the
-rewards say which it is, it still counts in the others' marginals. The forms that need no reward are
-submitted earlier, from the end of TRL's `_generate` (SetpoShaper.submit), so that TRL's log-prob passes and reward
-functions hide the requests; with setpo_min_reward the rewards come after those passes, and the step is scored
-after them (docs/trl-and-verl.md, "Off the critical path (TRL)"). The loss — grpo, dr_grpo, dapo, or
-GSPO with importance_sampling_level="sequence" — then sees the shaped advantages, and so does the completions
-table TRL logs. Metrics go to TRL's own logs under `setpo/...` (SetpoShaper's names, its timing included).
-
-At start the trainer checks that TRL still has the methods it overrides (a TRL that renamed them would train
-without SetPO), warns when TRL is not the tested version, and proves what every plug-in proves
-(SetpoShaper.start): groups of num_generations can be scored, the service is ready, accepts the key and takes them. The step's rewards come from TRL's own
-`_calculate_rewards` (all processes' rewards, gathered), its advantages from each process's output, gathered.
+The setpo_* settings are SetpoShaper's (setpo_client.policy checks them), plus replay (setpo_replay_*: a bank per
+prompt of verified distinct completions, replayed beside the loss and saved with every checkpoint). The hook is TRL's
+own seam: `_generate_and_score_completions` computes the group advantages over every process's completions and keeps
+this process's slice. The forms that need no reward are submitted from the end of TRL's `_generate`, so that TRL's
+log-prob passes and reward functions hide the requests; the step is shaped after TRL's advantages, from the texts the
+loss trains on (completion_mask * tool_mask), gathered in TRL's order, on rank 0 (SetpoShaper.shape), and the result
+is broadcast. A completion every reward function declined (None) keeps TRL's advantage, 0. The service's key comes
+from $SETPO_API_KEY (SetpoClient's default): never put it in GRPOConfig, which TRL prints and sends to its trackers.
 """
 
 import json
@@ -72,8 +34,8 @@ from setpo_client.errors import SetpoError
 from setpo_client.integrations.replay import ReplayBank, prompt_keys, replay_loss
 from setpo_client.keys import KeyFunction
 from setpo_client.policy import diversity_policy
-from setpo_client.shaping import OnError, PendingStep, SetpoShaper
-from setpo_client.types import Kernel, Normalize
+from setpo_client.shaping import OnError, SetpoShaper
+from setpo_client.types import Advantage, Combine, Kernel, Normalize
 from setpo_client.weight import WeightController
 
 log = logging.getLogger("setpo_client.trl")
@@ -102,9 +64,9 @@ class SetpoGRPOTrainer(GRPOTrainer):
         setpo_embed_span: str | None = None,
         setpo_in_flight: int | None = None,
         setpo_ready_timeout: float = 120.0,
-        setpo_advantage: str = "framework",
+        setpo_advantage: Advantage = "framework",
         setpo_positive_weight: float = 0.1,
-        setpo_combine: str = "add",
+        setpo_combine: Combine = "add",
         setpo_replay_weight: float = 0.0,
         setpo_replay_capacity: int = 16,
         setpo_replay_threshold: float | None = None,
@@ -148,7 +110,6 @@ class SetpoGRPOTrainer(GRPOTrainer):
         if self.setpo_replay is not None:
             self.add_callback(SaveReplayBank(self.setpo_replay))
         self.setpo_rewards: torch.Tensor | None = None  # the step's rewards, all processes (_calculate_rewards)
-        self.setpo_pending: PendingStep | None = None  # this step's scoring, started at generation (_generate)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # (B, F)
@@ -183,27 +144,20 @@ class SetpoGRPOTrainer(GRPOTrainer):
             ]
             texts = gather_object(local)  # every process's, in TRL's gather order: groups are consecutive
             if self.accelerator.is_main_process:
-                self.setpo_pending = self.setpo.submit(self.setpo_groups(texts), started=started)
+                self.setpo.submit(self.setpo_groups(texts), started=started)
         return generated
 
     def setpo_groups(self, rows: list) -> list[list]:
         return [rows[i : i + self.num_generations] for i in range(0, len(rows), self.num_generations)]
 
     def _generate_and_score_completions(self, inputs):
-        self.setpo_pending = None  # only this call's own generation may start this step's scoring
         output = super()._generate_and_score_completions(inputs)
-        pending, self.setpo_pending = self.setpo_pending, None
         if not self.model.training:  # evaluation: advantages are not trained on
             return output
         started = time.perf_counter()
-        if self.setpo.min_reward is not None:  # scored now: see _generate
-            # the tokens the loss trains on: tool and environment output (tool_mask 0) and padding are left out
-            mask = (
-                output["completion_mask"]
-                if "tool_mask" not in output
-                else output["completion_mask"] * output["tool_mask"]
-            )  # (B, T)
-            texts = gather_object([self.completion_text(ids, row) for ids, row in zip(output["completion_ids"], mask)])
+        # the tokens the loss trains on: tool and environment output (tool_mask 0) and padding are left out
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        texts = gather_object([self.completion_text(ids, row) for ids, row in zip(output["completion_ids"], mask)])
         advantages = gather_object(output["advantages"].tolist())  # TRL's, every process's, in the same order
         local = len(output["advantages"])
         payload: list[Any] = [None]
@@ -212,17 +166,22 @@ class SetpoGRPOTrainer(GRPOTrainer):
             try:
                 assert self.setpo_rewards is not None  # set by _calculate_rewards, called by the super() above
                 rewards = self.setpo_rewards.tolist()  # NaN: unscorable, TRL gives it no learning signal; nor do we
-                if self.setpo.min_reward is not None:  # unscorable members go as None: not in anyone's marginal
-                    members = [None if math.isnan(r) else text for text, r in zip(texts, rewards)]
-                    pending = self.setpo.submit(
-                        self.setpo_groups(members), rewards=self.setpo_groups(rewards), started=started
-                    )
-                assert pending is not None  # submitted at generation (_generate)
-                step = pending.result(self.setpo_groups(advantages), rewards=self.setpo_groups(rewards))
+                # with min_reward an unscorable completion goes as None, in no other's marginal; submitted at
+                # generation, before the rewards said which it is, it is in the others' (only a second request
+                # could take it out)
+                members = (
+                    texts
+                    if self.setpo.min_reward is None
+                    else [None if math.isnan(r) else t for t, r in zip(texts, rewards)]
+                )
+                step = self.setpo.shape(
+                    self.setpo_groups(members),
+                    rewards=self.setpo_groups(rewards),
+                    advantages=self.setpo_groups(advantages),
+                    started=started,
+                )
                 assert step.advantages is not None  # TRL's advantages were passed
                 shaped = [a for group in step.advantages for a in group]
-                # submitted at generation, before the rewards existed, an unscorable completion took part in the
-                # others' marginals (only a second request could take it out); it keeps TRL's advantage, 0
                 payload = [([a if math.isnan(r) else s for r, a, s in zip(rewards, advantages, shaped)], step.metrics)]
             except Exception as exc:
                 error, payload = exc, [f"{type(exc).__name__}: {exc}"]
