@@ -92,7 +92,7 @@ class InProcessService:
 
     def __enter__(self) -> "InProcessService":
         self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=300)
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=600)  # the model loads and warms
         return self
 
     async def _start(self) -> None:

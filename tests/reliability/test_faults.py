@@ -2,6 +2,7 @@
 a service slower than the client's timeout. Training must finish, lose no step, count its fallbacks."""
 
 import signal
+import sys
 import threading
 import time
 
@@ -49,9 +50,24 @@ def test_bandit_training_survives_the_service_being_killed_and_restarted():
     assert run["metrics"][-1]["setpo/fallback_steps"] == weights.count(0.0) == shaper.fallback_steps > 0
 
 
+# Each forward pass of the server below takes a second more than its work: a request of four batches is still in
+# flight when SIGTERM comes after its first, on any CPU, and the rest drains well within uvicorn's 30 s.
+SLOW_FORWARDS = """
+import time
+from setpo_server.backend import Backend
+encode = Backend.encode
+def slow(self, ids):
+    time.sleep(1.0)
+    return encode(self, ids)
+Backend.encode = slow
+from setpo_server.cli import main
+main()
+"""
+
+
 def test_sigterm_drains_requests_in_flight_before_exiting():
-    server = LocalServer().start()
-    texts = [f"draft {i} " + "word " * 200 for i in range(120)]  # seconds of work on 2 cores
+    server = LocalServer(command=[sys.executable, "-c", SLOW_FORWARDS], max_batch_tokens=256).start()
+    texts = [f"draft {i} " + "word " * 50 for i in range(16)]  # 4 tokens short of 64: four a forward pass
     answer = {}
     caller = threading.Thread(
         target=lambda: answer.update(r=httpx.post(server.url + "/v1/embeddings", json={"input": texts}, timeout=120))
@@ -60,7 +76,8 @@ def test_sigterm_drains_requests_in_flight_before_exiting():
     server.wait_until(lambda: "setpo_queue_texts" in scrape(server) and _embedding(server))
     code = server.stop(signal.SIGTERM, timeout=120)
     caller.join(timeout=120)
-    assert answer["r"].status_code == 200 and len(answer["r"].json()["data"]) == 120
+    assert answer["r"].status_code == 200 and len(answer["r"].json()["data"]) == 16
+    assert server.log().index("Shutting down") < server.log().index('"POST /v1/embeddings')  # drained, not done before
     assert code == -signal.SIGTERM  # exited cleanly, after the drain
     with pytest.raises(httpx.TransportError):
         httpx.get(server.url + "/health", timeout=2)

@@ -28,8 +28,9 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Polls until condition() holds; the server re-reads its key file every second, so this takes a few."""
+def eventually(condition: Callable[[], bool], timeout: float = 120.0) -> None:
+    """Polls until condition() holds; the server re-reads its key file every second, so this takes a few (the timeout
+    is only for a server that never takes the change)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"not within {timeout} s"
@@ -89,7 +90,7 @@ def test_setpo_server_refuses_to_start_on_an_empty_key_file(tmp_path):
     empty.write_text("")
     server = LocalServer(api_key_file=str(empty))
     with pytest.raises(RuntimeError, match="SETPO_API_KEY_FILE") as caught:
-        server.start(timeout=120)
+        server.start()
     assert "no key" in str(caught.value)
 
 
@@ -160,7 +161,7 @@ def test_keys_rotated_during_a_training_run_lose_no_step(tmp_path):
         assert httpx.get(server.url + "/info", headers=bearer(old)).status_code == 401
         served = metric(server, 'setpo_requests_total{route="/v1/diversity",status="200",caller="trainer"}')
         assert served >= scored
-        time.sleep(0.2)  # the last access line reaches the log file
+        server.wait_until(lambda: ' - "GET /info HTTP/1.1" 401' in server.log(), timeout=60)  # the last request's line
         log = server.log()
     assert ' trainer "POST /v1/diversity HTTP/1.1" 200' in log
     assert ' - "GET /info HTTP/1.1" 401' in log  # the refused old key: no caller

@@ -2,7 +2,6 @@
 only at debug, no query strings and no progress bars."""
 
 import json
-import time
 
 import httpx
 
@@ -14,7 +13,7 @@ LONG = "/v1/" + "x" * 20_000  # within SETPO_MAX_HEADER_BYTES: a 404 whose path 
 def requests_then_log(server: LocalServer) -> str:
     for path in ("/health", "/ready", "/metrics", "/info?token=abc", LONG):
         httpx.get(server.url + path)
-    time.sleep(0.3)
+    server.wait_until(lambda: "GET /v1/xxx" in server.log(), timeout=60)  # the last request's line is written
     return server.log()
 
 

@@ -46,7 +46,9 @@ class LocalServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, wait: bool = True, timeout: float = 180.0) -> "LocalServer":
+    # Far above what loading the model takes on the slowest CPU, beside other work: only a server that neither becomes
+    # ready nor exits waits this long (one that exits fails at once, with its log)
+    def start(self, wait: bool = True, timeout: float = 600.0) -> "LocalServer":
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -58,7 +60,7 @@ class LocalServer:
                 raise
         return self
 
-    def wait_until(self, condition: Callable[[], bool], timeout: float = 180.0) -> None:
+    def wait_until(self, condition: Callable[[], bool], timeout: float = 600.0) -> None:
         """Polls condition() until true; fails with the server's log if it dies or the time runs out."""
         assert self.process is not None, "start() the server first"
         deadline = time.monotonic() + timeout

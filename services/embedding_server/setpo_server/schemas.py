@@ -21,9 +21,10 @@ Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # The widest embedding row accepted: 4x today's widest embedders. Checked while the body parses, so one group's
 # rows never hold more than 256 x 16384 Python floats before they become an array (docs/reliability.md).
 MAX_EMBEDDING_DIM = 16384
-# The most one member of a /v1/diversity answer can take: five numbers of at most 24 characters (marginal, local mass,
-# advantage, bonus, and room for separators), and a share of its group's own 160 bytes (a group has MIN_GROUP or more).
-ANSWER_BYTES_PER_ROW = 5 * 24 + 160 // MIN_GROUP + 1
+# The most one member of a /v1/diversity answer can take: its four numbers (marginal, local mass, advantage, bonus) of
+# at most 24 characters with their separators, within 5 x 24 bytes, and a third of its group's own 160 (a group has
+# MIN_GROUP members or more). /info's max_request_rows keeps an answer within SETPO_MAX_RESPONSE_BYTES by it.
+ANSWER_BYTES_PER_ROW = 5 * 24 + -(-160 // MIN_GROUP)
 # Per /v1/embeddings vector beside its numbers: its index, the object's name and separators.
 ANSWER_BYTES_PER_VECTOR = 48
 
