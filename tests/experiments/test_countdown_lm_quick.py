@@ -21,6 +21,9 @@ from experiments.countdown_lm.report import progress, puzzles_of, same_samples
 from setpo_client.keys import countdown_expression
 
 HEADLINE = ["pass@1", "pass@8", "solutions", "pcmd", "share_2", "share_3"]
+# The module's fixture runs v2, v3 and v4 in their quick forms (the first test's setup): minutes on an idle 2-core
+# machine, several times that beside another suite on the slowest CPU; the default 600 s would fail it, not a hang.
+pytestmark = pytest.mark.timeout(2400)
 
 
 @pytest.fixture(scope="module")
