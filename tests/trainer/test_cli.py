@@ -74,6 +74,9 @@ def test_help_lists_every_openrlhf_flag_and_ours(capsys):
         "--setpo.weight_ema",
         "--setpo.warmup_steps",
         "--setpo.freeze_after",
+        "--setpo.advantage",
+        "--setpo.positive_weight",
+        "--setpo.combine",
     ):
         assert ours in shown
 
@@ -171,6 +174,14 @@ def test_diversity_policy_flags_reach_the_trainer_args_through_openrlhfs_hierarc
             "--setpo.target_ratio steers lambda from --setpo.weight, the first step's lambda: it must be > 0",
         ),
         (["--setpo.timeout", "inf"], "argument --setpo.timeout: must be finite, got inf"),
+        (["--setpo.advantage", "grpo"], "argument --setpo.advantage: invalid choice: 'grpo'"),
+        (["--setpo.positive_weight", "0"], "argument --setpo.positive_weight: must be > 0, got 0"),
+        (["--setpo.combine", "reshare"], "--setpo.combine=reshare weighs members by 1 + lambda * z-scored marginal"),
+        (
+            ["--setpo.advantage", "maxrl", "--setpo.weight", "0", "--algo.advantage.estimator", "reinforce"],
+            "--setpo.advantage maxrl replaces a group estimator's advantage, on groups of a prompt's samples: set "
+            "--algo.advantage.estimator to one of group_norm, dr_grpo, rloo, reinforce_baseline (got reinforce)",
+        ),
     ],
 )
 def test_bad_diversity_policy_values_are_refused_naming_their_flag(flags, message, capsys, tiny_model, server):
@@ -184,8 +195,9 @@ def test_no_service_is_a_clear_error_before_ray_starts(capsys, tiny_model, monke
     error = error_of(capsys, base_flags(tiny_model, down) + ["--setpo.ready_timeout", "1"])
     assert f"the SetPO service at {down} is not usable" in error and "--setpo.weight 0" in error
     assert not ray.is_initialized()
-    # lambda = 0 is plain OpenRLHF: no service needed
+    # lambda = 0 is plain OpenRLHF, or OpenRLHF on a base the experience maker computes: no service needed
     assert cli.parse_args(base_flags(tiny_model, down) + ["--setpo.weight", "0"])
+    assert cli.parse_args(base_flags(tiny_model, down) + ["--setpo.weight", "0", "--setpo.advantage", "maxrl"])
 
 
 def test_key_and_limits_are_checked_against_the_service(capsys, tiny_model, monkeypatch):
@@ -423,14 +435,17 @@ def test_recipe_flags_pass_openrlhfs_and_setpos_checks(recipe, tiny_model, serve
 
 PAPER_FORM = (
     "setpo-train: diversity policy: min_reward=None key=None kernel=embedding normalize=none embed_span=None "
+    "advantage=framework positive_weight=0.1 combine=add "
     "target_ratio=None min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
 )
 RECOMMENDED_COUNTDOWN = (
     "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore embed_span=None "
+    "advantage=framework positive_weight=0.1 combine=add "
     "target_ratio=0.5 min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
 )
 RECOMMENDED_KEYLESS = (
     "setpo-train: diversity policy: min_reward=1.0 key=None kernel=embedding normalize=zscore embed_span=None "
+    "advantage=framework positive_weight=0.1 combine=add "
     "target_ratio=0.7 min_weight=0.001 max_weight=10.0 weight_ema=0.9 warmup_steps=0 freeze_after=None"
 )
 SCOPED_FORM = {
@@ -454,6 +469,7 @@ def test_recipes_take_the_diversity_policy_from_the_environment(recipe, tiny_mod
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert (
         "setpo-train: diversity policy: min_reward=1.0 key=countdown_expression kernel=hybrid normalize=zscore embed_span=None "
+        "advantage=framework positive_weight=0.1 combine=add "
         "target_ratio=0.3 min_weight=0.01 max_weight=2.0 weight_ema=0.5 warmup_steps=3 freeze_after=100"
     ) in run.stdout
     assert "the arguments check out" in run.stdout
@@ -499,7 +515,7 @@ def test_the_countdown_recipe_keeps_the_papers_form_one_setting_away(tiny_model,
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert PAPER_FORM in run.stdout
     run = run_recipe("countdown_grpo.sh", {**env, "SETPO_TARGET_RATIO": "0.4"}, "--setpo.check_only")
-    assert "kernel=hybrid normalize=zscore embed_span=None target_ratio=0.4 " in run.stdout  # a variable still wins
+    assert "kernel=hybrid normalize=zscore embed_span=None" in run.stdout and " target_ratio=0.4 " in run.stdout
     run = run_recipe("countdown_grpo.sh", {**env, "SETPO_FORM": "scoped"})
     assert run.returncode == 2 and "SETPO_FORM must be recommended or paper, got 'scoped'" in run.stderr
 

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from setpo_client import SetpoClient, SetpoError
-from setpo_client.policy import KERNELS, NORMALIZATIONS, diversity_policy
+from setpo_client.policy import ADVANTAGES, COMBINATIONS, CONTROLLER_SETTINGS, KERNELS, NORMALIZATIONS, diversity_policy
 from setpo_client.shaping import SetpoShaper
-from setpo_trainer.openrlhf.flags import spell
+from setpo_trainer.openrlhf.flags import POLICY, spell
 from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK, UV_RUN_HOOK
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
@@ -39,22 +39,7 @@ OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 GROUP_ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
 TESTED_OPENRLHF = "0.11."
 # WeightController's knobs: refused without --setpo.target_ratio, which they steer
-CONTROLLER_FLAGS = (
-    "setpo.min_weight",
-    "setpo.max_weight",
-    "setpo.weight_ema",
-    "setpo.warmup_steps",
-    "setpo.freeze_after",
-)
-POLICY_FLAGS = (
-    "setpo.min_reward",
-    "setpo.key",
-    "setpo.kernel",
-    "setpo.normalize",
-    "setpo.embed_span",
-    "setpo.target_ratio",
-    *CONTROLLER_FLAGS,
-)
+CONTROLLER_FLAGS = tuple(f"setpo.{name}" for name in CONTROLLER_SETTINGS)
 # OpenRLHF turns W&B on when --logger.wandb.key is set; with this value W&B reads WANDB_API_KEY itself
 WANDB_FROM_ENVIRONMENT = "env"
 
@@ -141,172 +126,166 @@ def non_negative(kind: type) -> Callable[[str], Any]:
     return parse
 
 
-def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
-    setpo = parser.add_argument_group(
-        "SetPO", "A^_i = A_i + lambda * s_i after OpenRLHF's group advantages (setpo-train)"
-    )
-    setpo.add_argument(
-        "--setpo.url",
-        metavar="URL",
-        default=os.environ.get("SETPO_URL"),
-        help="the setpo service (default: $SETPO_URL); several replicas comma-separated, as --reward.remote_url "
+# Every --setpo.* flag, in OpenRLHF's dotted style: its argparse keywords (the parser, --help and the checks read it).
+FLAGS: dict[str, dict[str, Any]] = {
+    "url": {
+        "metavar": "URL",
+        "help": "the setpo service (default: $SETPO_URL); several replicas comma-separated, as --reward.remote_url "
         "takes several: http://a:8000,http://b:8000",
-    )
-    setpo.add_argument(
-        "--setpo.weight",
-        metavar="LAMBDA",
-        type=non_negative(float),
-        default=0.05,
-        help="lambda, the paper's marginal weight; 0 turns SetPO off",
-    )
-    setpo.add_argument(
-        "--setpo.api_key",
-        metavar="KEY",
-        default=None,
-        help="refused: set SETPO_API_KEY in the environment (a key on a command line leaks)",
-    )
-    setpo.add_argument(
-        "--setpo.timeout",
-        metavar="SECONDS",
-        type=positive(float),
-        default=60.0,
-        help="seconds to wait for one answer of the service",
-    )
-    setpo.add_argument(
-        "--setpo.max_retries",
-        metavar="N",
-        type=non_negative(int),
-        default=5,
-        help="retries with backoff when the service is unreachable or busy",
-    )
-    setpo.add_argument(
-        "--setpo.in_flight",
-        metavar="N",
-        type=positive(int),
-        default=None,
-        help="a step's requests in flight at once, over the service's replicas (default: one per replica)",
-    )
-    setpo.add_argument(
-        "--setpo.on_error",
-        choices=["skip", "fail"],
-        default="skip",
-        help="service still failing after the retries: skip = train the step with lambda = 0 and count it "
+    },
+    "weight": {
+        "metavar": "LAMBDA",
+        "type": non_negative(float),
+        "default": 0.05,
+        "help": "lambda, the paper's marginal weight; 0: no bonus",
+    },
+    "api_key": {
+        "metavar": "KEY",
+        "help": "refused: set SETPO_API_KEY in the environment (a key on a command line leaks)",
+    },
+    "timeout": {
+        "metavar": "SECONDS",
+        "type": positive(float),
+        "default": 60.0,
+        "help": "seconds to wait for one answer of the service",
+    },
+    "max_retries": {
+        "metavar": "N",
+        "type": non_negative(int),
+        "default": 5,
+        "help": "retries with backoff when the service is unreachable or busy",
+    },
+    "in_flight": {
+        "metavar": "N",
+        "type": positive(int),
+        "help": "a step's requests in flight at once, over the service's replicas (default: one per replica)",
+    },
+    "on_error": {
+        "choices": ["skip", "fail"],
+        "default": "skip",
+        "help": "service still failing after the retries: skip = train the step with lambda = 0 and count it "
         "(setpo/fallback_steps); fail = stop with the error",
-    )
-    setpo.add_argument(
-        "--setpo.keep_groups",
-        choices=["on", "off"],
-        default=None,
-        help="with --algo.dynamic_filtering_enable and --setpo.min_reward: keep the groups whose every response "
+    },
+    "keep_groups": {
+        "choices": ["on", "off"],
+        "help": "with --algo.dynamic_filtering_enable and --setpo.min_reward: keep the groups whose every response "
         "reaches min_reward (all correct), which the filter's range would drop and where the scoped bonus acts, by "
         "lifting the range's top to infinity (setpo/kept_by_bonus counts them); default: on with --setpo.min_reward",
-    )
-    setpo.add_argument(
-        "--setpo.embed",
-        choices=["response", "prompt_response"],
-        default="response",
-        help="what is embedded: the response tokens only, or the whole trajectory (prompt + response)",
-    )
-    setpo.add_argument(
-        "--setpo.max_chars",
-        metavar="CHARS",
-        type=positive(int),
-        default=None,
-        help="characters of each text sent (the beginning is kept); default: 8 x the service model's "
-        "max tokens, which the service would cut to anyway. Texts are also cut, by UTF-8 bytes, to "
-        "the service's SETPO_MAX_TEXT_CHARS and request body limit",
-    )
-    # The diversity policy (contract v1.1; docs/diversity.md says how to choose it). Defaults: the paper's form.
-    setpo.add_argument(
-        "--setpo.min_reward",
-        metavar="REWARD",
-        type=float,
-        default=None,
-        help="score only the responses whose reward (OpenRLHF's, after its length penalties) reaches it, among "
+    },
+    "embed": {
+        "choices": ["response", "prompt_response"],
+        "default": "response",
+        "help": "what is embedded: the response tokens only, or the whole trajectory (prompt + response)",
+    },
+    "max_chars": {
+        "metavar": "CHARS",
+        "type": positive(int),
+        "help": "characters of each text sent (the beginning is kept); default: what the service keeps of a text, "
+        "which it would cut to anyway. Texts are also cut, by UTF-8 bytes, to the service's SETPO_MAX_TEXT_CHARS "
+        "and request body limit",
+    },
+    # the diversity policy (contract v1.1; docs/diversity.md says how to choose it); the defaults: the paper's form
+    "min_reward": {
+        "metavar": "REWARD",
+        "type": float,
+        "help": "score only the responses whose reward (OpenRLHF's, after its length penalties) reaches it, among "
         "themselves; the others get bonus 0, and so does a group with fewer than 3 (default: the whole group)",
-    )
-    setpo.add_argument(
-        "--setpo.key",
-        metavar="NAME",
-        default=None,
-        help="solution key function for --setpo.kernel hybrid or key: a name (countdown_expression) or "
+    },
+    "key": {
+        "metavar": "NAME",
+        "help": "solution key function for --setpo.kernel hybrid or key: a name (countdown_expression) or "
         "package.module:function, text -> key or None",
-    )
-    setpo.add_argument(
-        "--setpo.kernel",
-        choices=KERNELS,
-        default="embedding",
-        help="embedding: cosine of the embeddings (the paper); hybrid: equal keys count as identical, the rest "
+    },
+    "kernel": {
+        "choices": KERNELS,
+        "default": "embedding",
+        "help": "embedding: cosine of the embeddings (the paper); hybrid: equal keys count as identical, the rest "
         "by embedding; key: equal keys 1, else 0, nothing embedded",
-    )
-    setpo.add_argument(
-        "--setpo.normalize",
-        choices=NORMALIZATIONS,
-        default="none",
-        help="none: the raw marginals (the paper); zscore: standardised over the scored responses of each group",
-    )
-    setpo.add_argument(
-        "--setpo.embed_span",
-        metavar="REGEX",
-        default=None,
-        help="embed only this part of each text: the last match of the regular expression (its group, if it has "
+    },
+    "normalize": {
+        "choices": NORMALIZATIONS,
+        "default": "none",
+        "help": "none: the raw marginals (the paper); zscore: standardised over the scored responses of each group",
+    },
+    "embed_span": {
+        "metavar": "REGEX",
+        "help": "embed only this part of each text: the last match of the regular expression (its group, if it has "
         "one), e.g. '<answer>(.*?)</answer>'; a text without a match is embedded whole (default: the whole text)",
-    )
-    setpo.add_argument(
-        "--setpo.target_ratio",
-        metavar="RATIO",
-        type=positive(float),
-        default=None,
-        help="steer lambda so that RMS(bonus) / RMS(advantage) over a step is this; --setpo.weight is then the "
+    },
+    # the base the bonus combines with, and how (docs/training-openrlhf.md, "Bases that keep coverage")
+    "advantage": {
+        "choices": ADVANTAGES,
+        "default": "framework",
+        "help": "framework: OpenRLHF's estimator's advantage; maxrl: (r - p) / p, p the group's success rate; "
+        "w_reinforce: +positive_weight for a correct response, -1 for a wrong one. maxrl and w_reinforce take 0/1 "
+        "rewards and replace the group estimator's advantage",
+    },
+    "positive_weight": {
+        "metavar": "LAMBDA",
+        "type": positive(float),
+        "default": 0.1,
+        "help": "with --setpo.advantage w_reinforce: a correct response's advantage (W-REINFORCE's lambda)",
+    },
+    "combine": {
+        "choices": COMBINATIONS,
+        "default": "add",
+        "help": "add: advantage + bonus (the paper); reshare: the bonus re-shares each group's positive advantages "
+        "among its members, their total unchanged, the others' kept (needs --setpo.normalize zscore)",
+    },
+    "target_ratio": {
+        "metavar": "RATIO",
+        "type": positive(float),
+        "help": "steer lambda so that RMS(bonus) / RMS(advantage) over a step is this; --setpo.weight is then the "
         "first step's lambda (default: lambda fixed at --setpo.weight)",
-    )
-    setpo.add_argument(
-        "--setpo.min_weight",
-        metavar="LAMBDA",
-        type=positive(float),
-        default=1e-3,
-        help="with --setpo.target_ratio: the smallest lambda",
-    )
-    setpo.add_argument(
-        "--setpo.max_weight",
-        metavar="LAMBDA",
-        type=positive(float),
-        default=10.0,
-        help="with --setpo.target_ratio: the largest lambda",
-    )
-    setpo.add_argument(
-        "--setpo.weight_ema",
-        metavar="EMA",
-        type=float,
-        default=0.9,
-        help="with --setpo.target_ratio: weight of the past in lambda's moving average, in [0, 1)",
-    )
-    setpo.add_argument(
-        "--setpo.warmup_steps",
-        metavar="STEPS",
-        type=non_negative(int),
-        default=0,
-        help="with --setpo.target_ratio: steps over which the target ramps up linearly from target / STEPS",
-    )
-    setpo.add_argument(
-        "--setpo.freeze_after",
-        metavar="STEPS",
-        type=non_negative(int),
-        default=None,
-        help="with --setpo.target_ratio: lambda stops moving after this many steps (default: never)",
-    )
-    setpo.add_argument(
-        "--setpo.check_only",
-        action="store_true",
-        help="check everything up to starting Ray (OpenRLHF's own argument checks, the service) and exit",
-    )
-    setpo.add_argument(
-        "--setpo.ready_timeout",
-        metavar="SECONDS",
-        type=positive(float),
-        default=120.0,
-        help="seconds to wait at start for the service to be ready",
-    )
+    },
+    "min_weight": {
+        "metavar": "LAMBDA",
+        "type": positive(float),
+        "default": 1e-3,
+        "help": "with --setpo.target_ratio: the smallest lambda",
+    },
+    "max_weight": {
+        "metavar": "LAMBDA",
+        "type": positive(float),
+        "default": 10.0,
+        "help": "with --setpo.target_ratio: the largest lambda",
+    },
+    "weight_ema": {
+        "metavar": "EMA",
+        "type": float,
+        "default": 0.9,
+        "help": "with --setpo.target_ratio: weight of the past in lambda's moving average, in [0, 1)",
+    },
+    "warmup_steps": {
+        "metavar": "STEPS",
+        "type": non_negative(int),
+        "default": 0,
+        "help": "with --setpo.target_ratio: steps over which the target ramps up linearly from target / STEPS",
+    },
+    "freeze_after": {
+        "metavar": "STEPS",
+        "type": non_negative(int),
+        "help": "with --setpo.target_ratio: lambda stops moving after this many steps (default: never)",
+    },
+    "check_only": {
+        "action": "store_true",
+        "help": "check everything up to starting Ray (OpenRLHF's own argument checks, the service) and exit",
+    },
+    "ready_timeout": {
+        "metavar": "SECONDS",
+        "type": positive(float),
+        "default": 120.0,
+        "help": "seconds to wait at start for the service to be ready",
+    },
+}
+POLICY_FLAGS = tuple(f"setpo.{name}" for name in POLICY) + ("setpo.target_ratio", *CONTROLLER_FLAGS)
+
+
+def add_setpo_arguments(parser: argparse.ArgumentParser) -> None:
+    setpo = parser.add_argument_group("SetPO", "SetPO's bonus after OpenRLHF's group advantages (setpo-train)")
+    for name, options in FLAGS.items():
+        setpo.add_argument(f"--setpo.{name}", **options)
+    parser.set_defaults(**{"setpo.url": os.environ.get("SETPO_URL")})  # read when the parser is built, not imported
 
 
 def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -332,8 +311,16 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         policy = diversity_policy(policy_settings(parser, options), spell)
     except ValueError as exc:
         parser.error(str(exc))
+    estimator = options["algo.advantage.estimator"]
+    if policy["advantage"] != "framework" and estimator not in GROUP_ESTIMATORS:  # the shaper's base replaces it
+        parser.error(
+            f"{spell('advantage')} {policy['advantage']} replaces a group estimator's advantage, on groups of a "
+            f"prompt's samples: set {spell('estimator')} to one of {', '.join(GROUP_ESTIMATORS)} (got {estimator})"
+        )
     if weight == 0:
-        return  # SetPO off: plain OpenRLHF, no service needed
+        if policy["advantage"] != "framework":
+            check_openrlhf()  # the base is computed in the experience maker: no bonus, no service
+        return  # otherwise plain OpenRLHF, no service needed
     low, high = options["algo.dynamic_filtering_range"]
     keep = options["setpo.keep_groups"] or ("on" if options["setpo.min_reward"] is not None else "off")
     if keep == "on" and options["setpo.min_reward"] is None:
@@ -359,9 +346,8 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
     shaper = SetpoShaper(
         client, weight, max_chars=options["setpo.max_chars"], in_flight=options["setpo.in_flight"], **policy
     )
-    estimator, ready_timeout = options["algo.advantage.estimator"], options["setpo.ready_timeout"]
     try:  # what every plug-in proves at start; /info needs the key: a wrong one fails here
-        info = shaper.start(n, estimator, GROUP_ESTIMATORS, spell, ready_timeout)
+        info = shaper.start(n, estimator, GROUP_ESTIMATORS, spell, options["setpo.ready_timeout"])
     except ValueError as exc:
         parser.error(str(exc))
     except SetpoError as exc:

@@ -1,20 +1,19 @@
-"""SetpoExperienceMaker: OpenRLHF's RemoteExperienceMaker, plus lambda * s_i on each response's advantage.
+"""SetpoExperienceMaker: OpenRLHF's RemoteExperienceMaker, plus SetPO's bonus on each response's advantage.
 
 OpenRLHF computes rewards, the group advantages (group_norm for GRPO, GSPO and DAPO; also dr_grpo, rloo,
 reinforce_baseline) and per-token advantages as it always does. SetPO's part comes in two halves, so that
 OpenRLHF's own forward passes hide the service's time:
 1. make_experience, before the actor / reference / critic (and reward model) passes: every response is decoded with
-   the trainer's tokenizer and the rollout batch's groups, with each response's reward (as OpenRLHF's advantage
-   step will see it: after its length penalties), go to SetpoShaper.submit, which asks the service on a thread of
-   its own. Rewards a reward model gives exist only after those passes: the texts then go alone, or, when
-   --setpo.min_reward needs the rewards, the step is scored at the advantage step instead.
-2. compute_advantages_and_returns, after OpenRLHF's: the answer is collected if the experiences are still the
-   rows it was computed for (each row's tokens and the reward sent, in rollout order); otherwise these rows are
-   scored there and then and the early answer is dropped (counted in setpo/dropped_steps, logged), so no row gets
-   an answer computed for another. The bonus the service answers for response i (lambda * s_i, scoped and normalised as the
-   --setpo.* diversity policy says) is added to every response token of response i. Prompt and padding positions
-   (action_mask = 0) are left untouched, so the policy loss (PPO clip, clip-higher, or GSPO's sequence ratio)
-   sees exactly A^_i = A_i + bonus_i.
+   the trainer's tokenizer and the rollout batch's groups, with each response's reward (as OpenRLHF's advantage step
+   will see it: after its length penalties), go to SetpoShaper.submit, which asks the service on a thread of its own.
+   Rewards a reward model gives exist only after those passes: the texts then go alone, or, when --setpo.min_reward
+   needs the rewards, the step is scored at the advantage step instead.
+2. compute_advantages_and_returns, after OpenRLHF's: the rows are decoded again and SetpoShaper.shape collects the
+   early answer if they are the step submitted (the same texts and rewards, in rollout order), else scores them
+   there and then. Each response's advantage to train on, Â_i (A_i + bonus_i, or the base --setpo.advantage names
+   combined with it as --setpo.combine says), replaces A_i, its mean over the response tokens as OpenRLHF gave it:
+   every response token of response i moves by Â_i - A_i. Prompt and padding positions (action_mask = 0) are left
+   untouched, so the policy loss (PPO clip, clip-higher, or GSPO's sequence ratio) sees Â_i.
 
 The step's SetPO metrics ride in `experience.info` as one value per sample: OpenRLHF's actor averages info
 over the batch and its trainer sends the result to W&B / TensorBoard as `train/setpo/...`, every step.
@@ -35,12 +34,10 @@ from openrlhf.utils.logging_utils import init_logger
 from setpo_client.client import DEFAULT_URL, SetpoClient
 from setpo_client.errors import SetpoAPIError, SetpoError
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
-from setpo_client.shaping import PendingStep, SetpoShaper, ShapedStep
-from setpo_trainer.openrlhf.flags import spell
+from setpo_client.shaping import SetpoShaper
+from setpo_trainer.openrlhf.flags import POLICY, spell
 
 logger = init_logger(__name__)
-
-Row = tuple[torch.Tensor, float | None]  # a rollout row as SetPO sees it: the tokens it embeds, its reward if known
 
 
 class SetpoExperienceMaker(RemoteExperienceMaker):
@@ -52,9 +49,7 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
         client = SetpoClient(
             setpo.url or DEFAULT_URL, timeout=setpo.timeout, max_retries=setpo.max_retries
         )  # key: $SETPO_API_KEY
-        settings = {
-            name: getattr(setpo, name) for name in ("weight", "min_reward", "key", "kernel", "normalize", "embed_span")
-        }
+        settings = {name: getattr(setpo, name) for name in ("weight", *POLICY)}
         if setpo.target_ratio is not None:  # with its knobs; setpo-train checked the flags before Ray started
             settings |= {name: getattr(setpo, name) for name in ("target_ratio", *CONTROLLER_SETTINGS)}
         policy = diversity_policy(settings, spell)  # the key function is loaded by name here, in the trainer actor
@@ -62,12 +57,11 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
             client, setpo.weight, setpo.on_error, setpo.max_chars, in_flight=setpo.in_flight, **policy
         )
         self.setpo_embed = setpo.embed
-        self.early: tuple[PendingStep, list[Row]] | None = None  # submitted in make_experience, with its rows
         if getattr(setpo, "driver_key", False) and not os.environ.get("SETPO_API_KEY"):
             # setpo-train checked the service with a key this worker lacks (a Ray worker gets the environment of its
             # `ray start`, not the driver's): a service that wants it stops the run now, not after a run at lambda 0
             try:
-                self.setpo.info = self.setpo.learn_info()
+                client.info()
             except SetpoAPIError as exc:
                 if exc.status == 401:
                     raise RuntimeError(
@@ -81,43 +75,34 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
             f"SetPO experience maker active (lambda={setpo.weight}, url={setpo.url}, in_flight={setpo.in_flight}, "
             f"embed={setpo.embed}, on_error={setpo.on_error}, min_reward={setpo.min_reward}, key={setpo.key}, "
             f"kernel={setpo.kernel}, normalize={setpo.normalize}, embed_span={setpo.embed_span}, "
-            f"target_ratio={setpo.target_ratio})"
+            f"advantage={setpo.advantage}, combine={setpo.combine}, target_ratio={setpo.target_ratio})"
         )
 
     @torch.no_grad()
     def make_experience(self, samples_list: list[Experience]) -> list[Experience]:
-        """OpenRLHF's forward passes, with this step's SetPO scoring in flight meanwhile (submitted just before)."""
-        self.submit_early(samples_list)
+        """OpenRLHF's forward passes, with this step's SetPO scoring in flight meanwhile, submitted as soon as what
+        it needs exists: the texts, and the rewards with --setpo.min_reward (a reward model's come only with the
+        passes: the step is then scored at the advantage step). Rewards are sent whenever they exist, as the
+        advantage step would send them."""
+        started = time.perf_counter()
+        rewards = penalized_rewards(samples_list, self.args) if samples_list[0].rewards is not None else None
+        if rewards is not None or self.setpo.min_reward is None:
+            texts, known = self.groups(samples_list, rewards)
+            self.setpo.submit(texts, rewards=known, started=started)
         return super().make_experience(samples_list)
-
-    def submit_early(self, samples_list: list[Experience]) -> None:
-        """The step's groups to SetpoShaper as soon as what they need exists: the texts, and the rewards with
-        --setpo.min_reward (a reward model's come only with the passes: the step is then scored at the advantage
-        step). Rewards are sent whenever they exist, as the advantage step would send them."""
-        start = time.perf_counter()
-        self.early = None
-        rewards = None
-        if samples_list[0].rewards is not None:  # a reward function's (--reward.remote_url), given with the samples
-            rewards = penalized_rewards(samples_list, self.args)
-        elif self.setpo.min_reward is not None:  # a reward model's, after the passes: the scope needs them
-            return
-        rows = self.rows(samples_list, rewards)
-        self.early = self.submit(rows, start), rows
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:
         experiences = super().compute_advantages_and_returns(experiences)
-        start = time.perf_counter()
+        started = time.perf_counter()
         n = self.args.rollout.n_samples_per_prompt
-        # experience.index holds each row's place in the rollout batch, where a prompt's n samples are
-        # consecutive (OpenRLHF's group_norm reshapes them the same way). Dynamic filtering has already
-        # dropped whole groups before this point (not the all-correct ones under --setpo.keep_groups on).
-        rows = self.rows(experiences, [experience.rewards for experience in experiences])
-        # a row's advantage as one number (for the weight controller and setpo/bonus_ratio): its mean over the
-        # response tokens; constant per row for group_norm unless the KL is in the reward
-        advantages = in_rollout_order(experiences, [row_means(e.advantages, e.action_mask) for e in experiences])
-        starts = range(0, len(rows), n)  # each group's first row
-        step = self.collect(rows, start, [advantages[i : i + n] for i in starts])
+        # Dynamic filtering has already dropped whole groups before this point (not the all-correct ones under
+        # --setpo.keep_groups on).
+        texts, rewards = self.groups(experiences, [experience.rewards for experience in experiences])
+        # a row's advantage as one number: its mean over the response tokens (constant per row for group_norm
+        # unless the KL is in the reward)
+        given = in_rollout_order(experiences, [row_means(e.advantages, e.action_mask) for e in experiences])
+        step = self.setpo.shape(texts, rewards=rewards, advantages=in_groups(given, n), started=started)
 
         algo, floor = self.args.algo, self.setpo.min_reward
         if floor is not None and algo.dynamic_filtering_enable and math.isinf(algo.dynamic_filtering_range[1]):
@@ -126,13 +111,15 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
             scores = in_rollout_order(
                 experiences, [e.scores if e.scores is not None else e.rewards for e in experiences]
             )
-            reaching = [all(score >= floor for score in scores[i : i + n]) for i in starts]
+            reaching = [all(score >= floor for score in scores[i : i + n]) for i in range(0, len(scores), n)]
             step.metrics["setpo/kept_by_bonus"] = float(sum(reaching))
-        bonus = torch.tensor([b for group in step.bonus for b in group])  # (rollout rows,) the service's bonus
+        assert step.advantages is not None  # the advantages were passed
+        shaped = [a for group in step.advantages for a in group]
+        shift = torch.tensor([after - before for after, before in zip(shaped, given)])  # (rollout rows,) Â - A
         for experience in experiences:
-            row_bonus = bonus[experience.index].to(experience.advantages.dtype)  # (B,)
-            # (B, A): response tokens get the bonus; prompt and padding positions get 0
-            experience.advantages = experience.advantages + row_bonus[:, None] * experience.action_mask
+            row_shift = shift[experience.index].to(experience.advantages.dtype)  # (B,)
+            # (B, A): response tokens move; prompt and padding positions stay 0
+            experience.advantages = experience.advantages + row_shift[:, None] * experience.action_mask
 
         # SetpoShaper's metrics, its timing included (time_s: all of SetPO's time; wait_s: what of it blocked)
         for experience in experiences:
@@ -141,46 +128,24 @@ class SetpoExperienceMaker(RemoteExperienceMaker):
                 experience.info[name] = torch.full((rows_in,), float(value))  # (B,): the batch mean is the value
         return experiences
 
-    def rows(self, experiences: list[Experience], rewards: list[torch.Tensor] | None) -> list[Row]:
-        """Each rollout row as SetPO sees it, in rollout order: the tokens it embeds and its reward (None: not
-        known yet)."""
-        known = None if rewards is None else in_rollout_order(experiences, rewards)
-        tokens: list[torch.Tensor] = [torch.empty(0)] * sum(len(experience.index) for experience in experiences)
+    def groups(
+        self, experiences: list[Experience], rewards: list[torch.Tensor] | None
+    ) -> tuple[list[list[str]], list[list[float]] | None]:
+        """The rollout's groups as SetpoShaper takes them: each row's text, decoded with the trainer's tokenizer,
+        and its reward when known. experience.index holds each row's place in the rollout batch, where a prompt's n
+        samples are consecutive (OpenRLHF's group_norm reshapes them the same way)."""
+        texts = [""] * sum(len(experience.index) for experience in experiences)
         for experience in experiences:
             for row, index in enumerate(experience.index):
                 if self.setpo_embed == "response":
                     # action_mask[t] marks sequences[t + 1]: the response tokens (several spans for agents)
-                    tokens[index] = experience.sequences[row, 1:][experience.action_mask[row].bool()]
+                    tokens = experience.sequences[row, 1:][experience.action_mask[row].bool()]
                 else:  # prompt_response: the whole trajectory as the policy saw it, without padding
-                    tokens[index] = experience.sequences[row][experience.attention_mask[row].bool()]
-        return [(embedded, None if known is None else known[index]) for index, embedded in enumerate(tokens)]
-
-    def submit(self, rows: list[Row], started: float) -> PendingStep:
-        """The rows' groups to SetpoShaper, decoded with the trainer's tokenizer, with their rewards when known."""
+                    tokens = experience.sequences[row][experience.attention_mask[row].bool()]
+                texts[index] = self.tokenizer.decode(tokens, skip_special_tokens=True)
         n = self.args.rollout.n_samples_per_prompt
-        texts = [self.tokenizer.decode(tokens, skip_special_tokens=True) for tokens, _ in rows]
-        rewards = [reward for _, reward in rows if reward is not None]
-        starts = range(0, len(rows), n)  # each group's first row
-        return self.setpo.submit(
-            [texts[i : i + n] for i in starts],
-            rewards=[rewards[i : i + n] for i in starts] if len(rewards) == len(rows) else None,
-            started=started,
-        )
-
-    def collect(self, rows: list[Row], started: float, advantages: list[list[float]]) -> ShapedStep:
-        """The step submitted in make_experience, shaped, if it was computed for exactly these rows; else these
-        rows, scored now (the early step is then dropped by SetpoShaper.submit, its thread waited for). `started`:
-        when this step's SetPO work at the advantage step began."""
-        early, self.early = self.early, None
-        if early is not None:
-            pending, submitted = early
-            if same_rows(submitted, rows):
-                return pending.result(advantages, since=started)  # the work since `started` blocked too
-            logger.warning(
-                f"SetPO: the experiences changed between make_experience ({len(submitted)} rows) and the advantage "
-                f"step ({len(rows)} rows): the answer for the first is dropped and these rows are scored now"
-            )
-        return self.submit(rows, started).result(advantages)
+        known = None if rewards is None else in_groups(in_rollout_order(experiences, rewards), n)
+        return in_groups(texts, n), known
 
 
 def penalized_rewards(samples_list: list[Experience], args) -> list[torch.Tensor]:
@@ -205,13 +170,9 @@ def penalized_rewards(samples_list: list[Experience], args) -> list[torch.Tensor
     return [copy.rewards for copy in copies]
 
 
-def same_rows(submitted: list[Row], rows: list[Row]) -> bool:
-    """Whether an answer computed for `submitted` belongs to `rows`: the same rows in the same order, each with the
-    same tokens (so the same text) and, where a reward was sent, the same reward."""
-    return len(submitted) == len(rows) and all(
-        torch.equal(tokens, now) and (reward is None or reward == reward_now)
-        for (tokens, reward), (now, reward_now) in zip(submitted, rows)
-    )
+def in_groups(rows: list, n: int) -> list[list]:
+    """Rows in rollout order, as groups of a prompt's n samples."""
+    return [rows[i : i + n] for i in range(0, len(rows), n)]
 
 
 def row_means(values: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:

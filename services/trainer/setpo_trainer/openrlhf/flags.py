@@ -6,3 +6,8 @@ def spell(name: str) -> str:
     """A SetPO setting as setpo-train's flag, for refusals (setpo_client.policy, SetpoShaper.start)."""
     own = {"group_size": "--rollout.n_samples_per_prompt", "estimator": "--algo.advantage.estimator"}
     return own.get(name, f"--setpo.{name}")
+
+
+# The diversity policy and the base, as setpo_client.policy.diversity_policy takes them (besides the weight and the
+# controller's): the --setpo.* flags of those names
+POLICY = ("min_reward", "key", "kernel", "normalize", "embed_span", "advantage", "positive_weight", "combine")
