@@ -115,7 +115,7 @@ def test_an_answer_larger_than_the_bound_is_refused_without_reading_it(fake):
     started = time.monotonic()
     with pytest.raises(SetpoError, match="max_response_bytes"):
         shaper.score(GROUPS)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # not 256 MB read
 
 
 def trickle(self, body):
@@ -140,7 +140,7 @@ def test_an_answer_that_trickles_in_ends_the_step_at_its_deadline(fake):
     step = shaper.score(GROUPS)
     elapsed = time.monotonic() - started
     assert step.marginals is None and shaper.fallback_steps == 1
-    assert elapsed < 4, f"a 2 s budget took {elapsed:.1f} s"
+    assert elapsed < 2 + 10, f"a 2 s budget took {elapsed:.1f} s"  # the whole answer would take minutes
 
 
 def test_retries_and_their_waits_stay_within_the_steps_deadline(fake):
@@ -151,14 +151,14 @@ def test_retries_and_their_waits_stay_within_the_steps_deadline(fake):
     )
     started = time.monotonic()
     step = SetpoShaper(client, weight=0.5).score(GROUPS)
-    assert step.marginals is None and time.monotonic() - started < 4
+    assert step.marginals is None and time.monotonic() - started < 2 + 10  # not 5 retries x Retry-After 5 s
 
 
 def test_a_step_deadline_can_be_set_apart_from_the_request_timeout(fake):
     client = fake(trickle, timeout=30.0)
     started = time.monotonic()
     SetpoShaper(client, weight=0.5, step_timeout=1.5).score(GROUPS)
-    assert time.monotonic() - started < 3.5
+    assert time.monotonic() - started < 1.5 + 10  # not the trickle's minutes, nor the 30 s timeout
 
 
 @pytest.mark.parametrize(

@@ -35,9 +35,9 @@ def test_submit_then_result_is_score_and_the_work_in_between_is_not_waited_for(i
     assert step.metrics["setpo/requests"] == whole.metrics["setpo/requests"] == 1
     # the requests ran while the caller worked: it blocked only for submit and the bonus's bookkeeping
     assert step.metrics["setpo/wait_s"] < step.metrics["setpo/time_s"]
-    # score() waits at once: what blocked is all of SetPO's time, but for when its thread got the CPU (the two clocks
-    # differ by the gap between the request thread's start and the caller's wait: milliseconds, tens under load)
-    assert whole.metrics["setpo/wait_s"] == pytest.approx(whole.metrics["setpo/time_s"], rel=0.25, abs=0.02)
+    # score() waits at once: what blocked is SetPO's time but for the gap between the request thread's start and the
+    # caller's wait, which is far shorter than a request on any CPU
+    assert whole.metrics["setpo/wait_s"] > 0.5 * whole.metrics["setpo/time_s"]
 
 
 def test_the_step_is_what_was_submitted_even_if_the_caller_reuses_its_lists(inprocess):

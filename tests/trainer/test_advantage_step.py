@@ -13,20 +13,7 @@ from openrlhf.trainer.ppo_utils.experience import (
     split_experience_batch,
 )
 
-from setpo_trainer.openrlhf.rewards import path as reward_file
-from tests.trainer.rollouts import (
-    COUNTDOWN,
-    KINDS,
-    SETTINGS,
-    after_model_forward,
-    assert_shaped,
-    countdown_problems,
-    makers,
-    recording_client,
-    responses,
-    rollout,
-    scripted_samples,
-)
+from tests.trainer.rollouts import KINDS, SETTINGS, assert_shaped, makers, recording_client, responses, rollout
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -159,55 +146,3 @@ def test_prompt_response_embedding_and_character_cap(tiny_model, server, problem
     assert sent == [
         [response[:20] for response in responses(answer, kind)] for (_, answer), kind in zip(problems, KINDS)
     ]
-
-
-# groups of 4 GSM8K responses, right (reward 1) or wrong (0): success rates 1/4, 3/4, 1/2 and 0
-RATES = [["right"] + ["wrong"] * 3, ["right"] * 3 + ["wrong"], ["right", "wrong", "wrong", "right"], ["wrong"] * 4]
-
-
-def maxrl_rollout(problems, strategy, tokenizer, maker) -> list:
-    """OpenRLHF's Experiences for RATES' groups, whose rewards are 0 and 1 (the math reward file's)."""
-    groups = [
-        [responses(answer, kind)[j] for j, kind in enumerate(kinds)] for (_, answer), kinds in zip(problems, RATES)
-    ]
-    samples = scripted_samples(strategy, tokenizer, problems, groups, "math")
-    return after_model_forward(maker.split_rollout_samples(samples), kl_scale=0.0), groups
-
-
-@pytest.mark.parametrize("weight", ["0", "0.2"])
-def test_maxrl_replaces_openrlhfs_advantage_and_the_bonus_adds_to_it(weight, tiny_model, server, client, problems):
-    """--setpo.advantage maxrl: every response token of response i trains on MaxRL's (r_i - p) / p, p its group's
-    success rate, written out below from the rewards, plus lambda * s_i; OpenRLHF's group_norm advantage is gone."""
-    flags = [*SETTINGS["dr_grpo"][:-2], "--setpo.weight", weight, "--setpo.advantage", "maxrl"]
-    openrlhf, setpo, strategy, tokenizer = makers(tiny_model, server.url, *flags)
-    experiences, groups = maxrl_rollout(problems, strategy, tokenizer, setpo)
-    base = openrlhf.compute_advantages_and_returns(copy.deepcopy(experiences))
-    shaped = setpo.compute_advantages_and_returns(copy.deepcopy(experiences))
-
-    given = {index: reward for e in base for index, reward in zip(e.index, e.rewards.tolist())}
-    assert [[given[4 * g + j] for j in range(4)] for g in range(4)] == [
-        [1, 0, 0, 0],
-        [1, 1, 1, 0],
-        [1, 0, 0, 1],
-        [0] * 4,
-    ]
-    maxrl = [3.0, -1.0, -1.0, -1.0, 1 / 3, 1 / 3, 1 / 3, -1.0, 1.0, -1.0, -1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    marginals = [s for result in client.diversity([{"texts": g} for g in groups]).groups for s in result.marginals]
-    for before, after in zip(base, shaped):
-        for row, index in enumerate(after.index):
-            response = after.action_mask[row].bool()
-            expected = maxrl[index] + float(weight) * marginals[index]
-            assert torch.allclose(after.advantages[row][response], torch.tensor(expected), atol=1e-5)
-            assert torch.equal(after.advantages[row][~response], before.advantages[row][~response])  # untouched
-            if maxrl[index] != 0:  # a mixed group: not OpenRLHF's r - mean(r)
-                assert not torch.allclose(before.advantages[row][response], torch.tensor(expected), atol=1e-3)
-
-
-def test_a_reward_that_is_not_pass_fail_is_refused_by_name_under_maxrl(tiny_model, server, problems):
-    """Countdown's reward file gives 0.1 to a formatted but wrong answer: MaxRL's success rate is undefined there."""
-    flags = [*SETTINGS["dr_grpo"][:-2], "--reward.remote_url", str(reward_file("countdown")), "--setpo.weight", "0"]
-    _, setpo, strategy, tokenizer = makers(tiny_model, server.url, *flags, "--setpo.advantage", "maxrl")
-    samples = scripted_samples(strategy, tokenizer, countdown_problems(), list(COUNTDOWN.values()), "countdown")
-    experiences = after_model_forward(setpo.split_rollout_samples(samples), kl_scale=0.0)
-    with pytest.raises(ValueError, match=r"advantage='maxrl': group 0 member 3 has reward 0\.1\d*: .* binary rewards"):
-        setpo.compute_advantages_and_returns(experiences)

@@ -32,7 +32,7 @@ import httpx
 from pydantic import BaseModel
 
 from setpo_client.errors import SetpoAPIError, SetpoConnectionError, SetpoError, SetpoTimeoutError
-from setpo_client.replicas import PROBE_TIMEOUT_S, ReplicaPool, replica_urls, strictest
+from setpo_client.replicas import ReplicaPool, replica_urls, strictest
 from setpo_client.types import (
     DiversityRequest,
     DiversityResponse,
@@ -47,7 +47,7 @@ from setpo_client.types import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-# no answer of the contract is larger (docs/service.md, "The Python client": the largest embeddings answer)
+# an answer larger than any the contract gives (2048 embeddings of 4096 dimensions as JSON floats) is refused unread
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -56,6 +56,7 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 # what an attempt may raise that outcome() judges: the rest propagates as it is
 ATTEMPT_ERRORS = (httpx.TimeoutException, *RETRY_ERRORS, SetpoError)
+PROBE_TIMEOUT_S = 2.0  # a left-out replica's /ready must answer within this: it never waits behind data work
 log = logging.getLogger("setpo_client")
 
 
@@ -251,7 +252,7 @@ class _BaseClient:
         in this round), or None when none is left: every one at fault, `rounds` rounds done, or past the deadline."""
         if call.attempts and deadline is not None and time.monotonic() >= deadline:
             return None
-        url = self.replicas.pick(call.tried, call.failed, only)
+        last, url = call.tried[-1] if call.tried else None, self.replicas.pick(call.tried, call.failed, only)
         if url is None:
             return None
         delay = 0.0
@@ -263,6 +264,8 @@ class _BaseClient:
         if call.attempts:
             with self.replicas.lock:
                 self.retries += 1
+            if last in call.failed:  # the last replica answered wrongly: said as the call moves on
+                log.warning("setpo replica %s failed (%s); asking %s", last, call.fault, url)
         call.tried.append(url)
         call.attempts += 1
         return url, delay
@@ -301,7 +304,6 @@ class _BaseClient:
         else:
             fault = api_error(answer)
         call.fault, call.failed = at_fault(fault, url), [*call.failed, url]
-        log.warning("setpo replica %s: %s", url, fault)
         return None
 
     def give_up(self, call: Call) -> SetpoError:
@@ -392,7 +394,7 @@ class SetpoClient(_BaseClient):
             if result is not None:
                 return result
 
-    def probe(self, url: str, timeout: float | httpx.Timeout = PROBE_TIMEOUT_S) -> bool:
+    def probe(self, url: str, timeout: float | httpx.Timeout) -> bool:
         try:
             spelled, host = self.replicas.route[url]
             status: int | None = self._http[spelled].get(url + "/ready", headers=host, timeout=timeout).status_code
@@ -403,7 +405,7 @@ class SetpoClient(_BaseClient):
     def recheck(self, url: str) -> None:
         """probe(), on its own thread: nothing waits for it, nothing may escape it."""
         try:
-            self.probe(url)
+            self.probe(url, PROBE_TIMEOUT_S)
         except Exception as exc:  # the client was closed meanwhile: there is nothing left to record it for
             log.debug("setpo replica %s: /ready not asked (%s)", url, exc)
 
@@ -560,7 +562,7 @@ class AsyncSetpoClient(_BaseClient):
             if result is not None:
                 return result
 
-    async def probe(self, url: str, timeout: float | httpx.Timeout = PROBE_TIMEOUT_S) -> bool:
+    async def probe(self, url: str, timeout: float | httpx.Timeout) -> bool:
         try:
             spelled, host = self.replicas.route[url]
             status: int | None = (
@@ -573,7 +575,7 @@ class AsyncSetpoClient(_BaseClient):
     async def recheck(self, url: str) -> None:
         """probe(), in its own task: nothing awaits it, nothing may escape it."""
         try:
-            await self.probe(url)
+            await self.probe(url, PROBE_TIMEOUT_S)
         except Exception as exc:  # the client was closed meanwhile: there is nothing left to record it for
             log.debug("setpo replica %s: /ready not asked (%s)", url, exc)
 

@@ -19,7 +19,6 @@ from setpo_client.errors import SetpoError
 from setpo_client.types import Info, Limits
 
 RECHECK_S = 1.0  # a replica left out is asked /ready again at most this often
-PROBE_TIMEOUT_S = 2.0  # ... and must answer within this: /ready never waits behind data work
 RESOLVE_S = 5.0  # a dns:/// name is resolved again at most this often (the TTL of a headless Service's records)
 RESOLVED = "dns:///"
 Resolver = Callable[[str, int], list[str]]  # (host, port) -> its addresses

@@ -44,7 +44,7 @@ log = logging.getLogger("setpo_client")
 
 OnError = Literal["skip", "fail"]
 # Requests in flight per replica by default: a second one to the same process gains nothing, on a GPU or on CPU
-# cores its one model already uses (docs/benchmarks.md, sections 16 and 17).
+# cores its one model already uses (docs/benchmarks.md, "How replicas scale").
 IN_FLIGHT_PER_REPLICA = 1
 
 
