@@ -1,9 +1,9 @@
-"""SetPO for veRL 0.9: lambda * s_i from the SetPO service added to the advantages of veRL's v1 trainer.
+"""SetPO for veRL 0.9: the advantages of veRL's v1 trainer combined with the SetPO service's bonus, lambda * s_i.
 
 An entry-point plug-in (group "verl.plugins"): `import verl` loads this package in every process, which hooks veRL
 (install.py); SetPO stays off until the run's Hydra config says +algorithm.setpo.enable=true. How to use it, what
 it hooks, what is checked at start: docs/trl-and-verl.md#verl. Layers: settings (the config block), rows (veRL's
-rows as SetPO's groups), step (every call into SetpoShaper), v1 (the trainer's passes), dapo (DAPO's filter),
+rows as SetPO's groups), v1 (the trainer's passes: SetpoShaper's submit and shape), dapo (DAPO's filter),
 metrics (veRL's aggregator), start (start checks), install (the hooks).
 """
 

@@ -1,5 +1,5 @@
 """install(): SetPO's hooks into veRL, each a wrapper around veRL's own method that calls it unchanged: the v1
-trainer's advantage step and the passes before it (v1), DAPO's filter (dapo), the metrics aggregator (metrics), and
+trainer's advantage step and its old-log-prob pass (v1), DAPO's filter (dapo), the metrics aggregator (metrics), and
 the constructors of both of veRL's trainers, which run the start checks (start). Why each: docs/trl-and-verl.md#verl."""
 
 import functools
@@ -17,8 +17,7 @@ def install() -> None:
     if getattr(trainer._compute_advantage, "setpo_wrapped", False):
         return
     wrap(trainer, "_compute_advantage", v1.advantage_step)
-    for name in v1.EARLY_PASSES:
-        wrap(trainer, name, v1.submit_first)
+    wrap(trainer, "_compute_old_log_prob", v1.submit_first)
     wrap(trainer, "_build_replay_buffer", dapo.build_replay_buffer)
     wrap(replay_buffer.ReplayBuffer, "_dapo_filtered_keys", dapo.filtered_keys)
     wrap(v1_utils.MetricsAggregator, "_init_aggregation_rules", metrics.aggregation_rules)

@@ -3,10 +3,12 @@ reward and advantage. Plain tensors and lists in, so the same functions serve th
 What a member is under each estimator: docs/trl-and-verl.md#verl."""
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+
+from setpo_client.shaping import largest_group
 
 
 def policy_texts(tokenizer, responses, masks) -> list[str | None]:
@@ -53,14 +55,17 @@ def session_groups(uids: Sequence, sessions: Sequence[tuple | None]) -> tuple[di
     return finals, list(groups.values())
 
 
-def fitted_sessions(keys: Sequence[str], tags, uids: Sequence, estimator: str, largest: int | None):
+def fitted_sessions(keys: Sequence[str], tags, uids: Sequence, estimator: str, n: int, limits: Callable):
     """Each row's member (row_sessions) and how many groups were fitted: a group of more outputs than the service
-    takes (`largest`, None: not known; a loop's multi-output sessions under a per-output estimator) is fitted as
-    veRL's GRPO takes it, one member a session (rollout.n of them: the start proved those fit)."""
+    takes (a loop's multi-output sessions under a per-output estimator) is fitted as veRL's GRPO takes it, one
+    member a session (n = rollout.n of them: the start proved those fit). limits() gives the service's limits (None:
+    not known), asked only for a group of more than n outputs, so a step of groups the start proved fit asks none."""
     tags = tags or [{}] * len(keys)
     sessions = row_sessions(keys, tags, estimator)
     outputs = Counter(uid for uid, session in zip(uids, sessions) if session is not None)
-    fitted = {uid for uid, count in outputs.items() if largest is not None and count > largest}
+    over = {uid for uid, count in outputs.items() if count > n}
+    known = limits() if over else None
+    fitted = {uid for uid in over if known is not None and outputs[uid] > largest_group(known)}
     if fitted:
         as_grpo = row_sessions(keys, tags, "grpo")
         sessions = [

@@ -7,7 +7,18 @@ from setpo_client.client import SetpoClient
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
 from setpo_client.shaping import SetpoShaper
 
-POLICY_SETTINGS = ("min_reward", "key", "kernel", "normalize", "embed_span", "target_ratio", *CONTROLLER_SETTINGS)
+POLICY_SETTINGS = (
+    "min_reward",
+    "key",
+    "kernel",
+    "normalize",
+    "embed_span",
+    "target_ratio",
+    *CONTROLLER_SETTINGS,
+    "advantage",
+    "positive_weight",
+    "combine",
+)
 SETTINGS = (
     "enable",
     "url",
@@ -80,10 +91,13 @@ def shaper_for(settings: dict) -> SetpoShaper:
     here Hydra's values are only made numbers."""
     name = tuple(sorted((k, str(v)) for k, v in settings.items()))
     if name not in _shapers:
-        named = {knob: number(settings, knob) for knob in ("min_reward", "target_ratio", "min_weight", "max_weight")}
+        numbers = ("min_reward", "target_ratio", "min_weight", "max_weight", "positive_weight")
+        named = {knob: number(settings, knob) for knob in numbers}
         named |= {knob: number(settings, knob, None, int) for knob in ("warmup_steps", "freeze_after")}
         named |= {"weight": number(settings, "weight", 0.05), "weight_ema": number(settings, "weight_ema")}
-        named |= {knob: settings.get(knob) for knob in ("key", "kernel", "normalize", "embed_span")}
+        named |= {
+            knob: settings.get(knob) for knob in ("key", "kernel", "normalize", "embed_span", "advantage", "combine")
+        }
         policy = diversity_policy(named, spell)
         in_flight = number(settings, "in_flight", None, int)
         if in_flight is not None and in_flight < 1:  # SetpoShaper refuses it too, but not by its name on veRL's line

@@ -74,6 +74,16 @@ def check_start(config, trainer_class) -> None:
         info.limits.max_body_bytes,
     )
     log.info("SetPO diversity policy: %s", " ".join(f"{name}={settings.get(name)}" for name in POLICY_SETTINGS))
+    if settings.get("advantage") not in (None, "framework"):
+        # veRL 0.9 has neither MaxRL nor W-REINFORCE among its estimators: the shaper computes them
+        log.info(
+            "SetPO: %s=%s replaces %s=%s's advantages for every group SetPO sees (veRL's estimator still runs); "
+            "rewards (rm_scores summed) must be 0 or 1",
+            spell("advantage"),
+            settings["advantage"],
+            spell("estimator"),
+            estimator,
+        )
     if (config.algorithm.get("filter_groups") or {}).get("enable", False):
         log.info(
             "SetPO: DAPO's filter_groups %s the groups SetPO's bonus sets apart (keep_groups)",
