@@ -125,8 +125,14 @@ def test_an_all_correct_group_of_different_answers_is_kept_and_trained_on_its_bo
 
 @pytest.mark.parametrize(
     "settings",
-    [{}, {"min_reward": 1.0, "keep_groups": False}, {"enable": True}],
-    ids=["setpo-off", "keep_groups-false", "paper-form"],
+    [
+        {},
+        {"min_reward": 1.0, "keep_groups": False},
+        {"enable": True},
+        # re-sharing moves a positive push, which GRPO gives a group of equal rewards none of: nothing to keep
+        {"min_reward": 1.0, "normalize": "zscore", "combine": "reshare"},
+    ],
+    ids=["setpo-off", "keep_groups-false", "paper-form", "reshare"],
 )
 def test_without_keep_groups_verls_filter_is_unchanged(train, tokenizer, server, settings):
     if settings:
@@ -186,10 +192,33 @@ def test_would_shape_says_whether_the_bonus_would_set_the_members_apart(kernel, 
     assert not would_shape(shaper, [*texts[:2], None], [1.0] * 3)  # fewer than 3 scorable
 
 
-def test_a_bad_keep_groups_is_refused(server):
-    config = verl_config(*setpo(server.url, "+algorithm.setpo.keep_groups=maybe"))
-    with pytest.raises(ValueError, match=r"\+algorithm\.setpo\.keep_groups"):
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["+algorithm.setpo.keep_groups=maybe"], r"\+algorithm\.setpo\.keep_groups must be true or false"),
+        (
+            [
+                "+algorithm.setpo.keep_groups=true",
+                "+algorithm.setpo.combine=reshare",
+                "+algorithm.setpo.normalize=zscore",
+            ],
+            r"\+algorithm\.setpo\.keep_groups=true .* \+algorithm\.setpo\.combine=reshare .*\.advantage=framework",
+        ),
+    ],
+    ids=["not-a-bool", "reshare-with-nothing-to-reshare"],
+)
+def test_a_keep_groups_that_would_not_do_what_it_says_is_refused(server, overrides, match):
+    config = verl_config(*setpo(server.url, *overrides))
+    with pytest.raises(ValueError, match=match):
         check_start(config, get_trainer_cls("sync"))
+
+
+def test_under_w_reinforce_a_reshared_all_correct_group_has_a_push_to_share_and_is_kept_by_default():
+    from setpo_client.integrations.verl.settings import keeps_groups
+
+    scoped = {"min_reward": 1.0, "normalize": "zscore", "combine": "reshare"}
+    assert keeps_groups({**scoped, "advantage": "w_reinforce"})  # +positive_weight each: re-shared by the bonus
+    assert not keeps_groups({**scoped, "advantage": "maxrl"})  # 0 each, as under GRPO: nothing to re-share
 
 
 def test_a_verl_whose_dapo_filter_is_not_the_plug_ins_is_refused_at_start(server, monkeypatch):

@@ -78,10 +78,20 @@ def spell(name: str) -> str:
 
 
 def keeps_groups(settings: dict) -> bool:
-    """+algorithm.setpo.keep_groups: DAPO's filter keeps the groups the bonus sets apart (default: with a scope)."""
-    value = settings.get("keep_groups", settings.get("min_reward") is not None)
+    """+algorithm.setpo.keep_groups: DAPO's filter keeps the groups the bonus sets apart (default: with a scope).
+    combine=reshare only re-shares a positive advantage, which a group of equal rewards has under w_reinforce alone
+    (all correct: +positive_weight each); under the other bases its bonus would train nothing: off, refused on."""
+    advantage = settings.get("advantage") or "framework"
+    pushes = settings.get("combine") != "reshare" or advantage == "w_reinforce"
+    value = settings.get("keep_groups", settings.get("min_reward") is not None and pushes)
     if not isinstance(value, bool):
         raise ValueError(f"{spell('keep_groups')} must be true or false, got {value!r}")
+    if value and not pushes:
+        raise ValueError(
+            f"{spell('keep_groups')}=true keeps groups of equal rewards for their bonus, but {spell('combine')}=reshare "
+            f"only re-shares a positive advantage, which {spell('advantage')}={advantage} gives such a group none of: "
+            f"drop {spell('keep_groups')}, or use {spell('advantage')}=w_reinforce"
+        )
     return value
 
 
