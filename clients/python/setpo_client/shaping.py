@@ -53,7 +53,6 @@ class PendingStep:
     """A step submitted to SetpoShaper.submit: its members, rewards and keys (copied), what its work found, and its
     work in flight."""
 
-    shaper: "SetpoShaper"
     groups: list[list]
     scorable: list[list[int]]
     rewards: list[list[float]] | None
@@ -64,16 +63,6 @@ class PendingStep:
     work: Future | None  # None: nothing to ask (weight 0, no groups)
     submit_s: float = 0.0  # the caller's time from `started` to submit's return
     work_s: float = 0.0  # the work's own time on its thread, set when it ends, answered or failed
-
-    def result(
-        self,
-        advantages: Sequence[Sequence[float]] | None = None,
-        since: float | None = None,
-        rewards: Sequence[Sequence[float]] | None = None,
-    ) -> "ShapedStep":
-        """This very step, shaped, without shape()'s check that it is the step at hand (the veRL plug-in's, until it
-        calls shape())."""
-        return self.shaper.collect(self, advantages, since, rewards)
 
 
 @dataclass
@@ -245,7 +234,7 @@ class SetpoShaper:
         known = None if keys is None else [list(group) for group in keys]
         scorable = [[row for row, member in enumerate(group) if member is not None] for group in members]
         counts = dict.fromkeys(("unscored", "small_scope", "bad", "cut", "requests", "retries", "span_missing"), 0)
-        step = PendingStep(self, members, scorable, scores, known, counts, self.weight, start, None)
+        step = PendingStep(members, scorable, scores, known, counts, self.weight, start, None)
         if step.weight > 0 and members:
             pool = ThreadPoolExecutor(1, thread_name_prefix="setpo-step")
             step.work = pool.submit(self.work, step)
@@ -325,11 +314,10 @@ class SetpoShaper:
         since: float | None = None,
         rewards: Sequence[Sequence[float]] | None = None,
     ) -> ShapedStep:
-        """Waits for a submitted step's answers, then applies the fault policy, puts the bonus back onto the members,
-        combines it with the base, steps the controller and times the step. since: when the caller's own SetPO work
-        before this call began, counted as blocked. rewards: the step's, for the base, when submit had none."""
-        if step is not self.pending:
-            raise RuntimeError("this step's SetPO scoring was collected already, or dropped for a later step's")
+        """Waits for the step submitted (self.pending) for its answers, then applies the fault policy, puts the bonus back
+        onto the members, combines it with the base, steps the controller and times the step. since: when the caller's
+        own SetPO work before this call began, counted as blocked. rewards: the step's, for the base, when submit had
+        none."""
         self.pending = None
         waiting = time.perf_counter()
         reading = 0.0 if since is None else waiting - since  # the caller's work at collect, before this call
