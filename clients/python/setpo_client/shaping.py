@@ -111,6 +111,8 @@ class SetpoShaper:
         check_form(kernel, normalize, min_reward)
         check_span(embed_span, kernel)
         check_combination(advantage, combine, normalize, positive_weight)
+        if advantage != "framework" or combine != "add":
+            import setpo_core.advantages  # noqa: F401  (their math: a missing setpo-core fails here, not at a step)
         if in_flight is not None and in_flight < 1:
             raise ValueError(f"in_flight must be >= 1 (requests in flight at once), got {in_flight}")
         if controller is not None:

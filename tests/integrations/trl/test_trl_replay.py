@@ -108,7 +108,7 @@ def test_the_bank_is_saved_in_every_checkpoint_and_loaded_on_resume(tiny_model, 
 
 
 def test_replay_needs_the_reward_a_verified_answer_reaches(tiny_model, client, tmp_path):
-    with pytest.raises(ValueError, match="setpo_replay_weight banks verified answers.*setpo_min_reward"):
+    with pytest.raises(ValueError, match=r"setpo_replay_weight banks verified answers.*setpo_min_reward"):
         SetpoGRPOTrainer(
             model=tiny_model,
             reward_funcs=even_length,

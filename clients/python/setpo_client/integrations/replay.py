@@ -113,4 +113,5 @@ def replay_loss(
         start = len(row) - answer - 1  # the answer's first token is predicted at this position
         per_answer.setdefault(key, []).append(-token[s, start : len(row) - 1].mean())
     total = sum(rows.values())
-    return sum(torch.stack(answers).mean() * rows[key] / total for key, answers in per_answer.items()), len(rows)
+    weighted = (torch.stack(answers).mean() * rows[key] / total for key, answers in per_answer.items())
+    return sum(weighted, start=token.new_zeros(())), len(rows)
