@@ -77,7 +77,11 @@ async def raw_caller(url: str, deadline: float, report: LoadReport, seed: int) -
         while time.monotonic() < deadline:
             path, body = request(rng.choice(["texts", "embeddings", "openai"]), rng)
             start = time.perf_counter()
-            response = await http.post(path, json=body)
+            try:
+                response = await http.post(path, json=body)
+            except httpx.TimeoutException:  # counted as an answer of its own: no 200, 429 or 503 within 120 s
+                report.statuses["timeout"] = report.statuses.get("timeout", 0) + 1
+                continue
             report.statuses[str(response.status_code)] = report.statuses.get(str(response.status_code), 0) + 1
             if response.status_code == 200:
                 report.latencies_ms.append((time.perf_counter() - start) * 1e3)

@@ -177,17 +177,11 @@ class DiversityRequest(BaseModel):
             refuse_long_texts(group.texts or [], settings, f"groups[{b}].texts")
             refuse_long_texts(group.keys or [], settings, f"groups[{b}].keys")
         rows = sum(group.size for group in self.groups)
-        if rows > settings.max_request_rows:
+        if rows > (limit := max_request_rows(settings)):
             message = (
-                f"request has {rows} texts and embedding rows, more than SETPO_MAX_REQUEST_ROWS="
-                f"{settings.max_request_rows}; split it"
-            )
-            raise Refused(message, "groups")
-        if rows > max_request_rows(settings):
-            message = (
-                f"the answer to {rows} texts and embedding rows could take {rows * ANSWER_BYTES_PER_ROW} bytes "
-                f"({ANSWER_BYTES_PER_ROW} a row), more than SETPO_MAX_RESPONSE_BYTES={settings.max_response_bytes}; "
-                "split the request"
+                f"request has {rows} texts and embedding rows, more than the {limit} this service takes "
+                f"(SETPO_MAX_REQUEST_ROWS={settings.max_request_rows}; SETPO_MAX_RESPONSE_BYTES="
+                f"{settings.max_response_bytes} at {ANSWER_BYTES_PER_ROW} bytes an answered row); split it"
             )
             raise Refused(message, "groups")
         return self
