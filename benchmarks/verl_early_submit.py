@@ -37,6 +37,8 @@ from setpo_server.local import LocalServer
 from setpo_trainer.models import smollm2_path
 
 ROOT_PYTHON = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
+# what veRL's GRPO advantage step reads
+GRPO = {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False}
 
 
 def gsm8k_answers(count: int) -> list[str]:
@@ -138,14 +140,7 @@ def main() -> None:
     tq.init()
     try:
         with LocalServer(command=[str(ROOT_PYTHON), "-m", "setpo_server.cli"], dtype="float32", threads=1) as server:
-            algorithm = {
-                "adv_estimator": "grpo",
-                "gamma": 1.0,
-                "lam": 1.0,
-                "norm_adv_by_std_in_grpo": True,
-                "use_kl_in_reward": False,
-                "setpo": {"enable": True, "url": server.url, "weight": 0.1},
-            }
+            algorithm = {**GRPO, "setpo": {"enable": True, "url": server.url, "weight": 0.1}}
             rollout = {"n": args.n, "temperature": 1.0, "calculate_log_probs": False}
             actor = {"loss_agg_mode": "token-mean", "loss_scale_factor": None}
             config = OmegaConf.create(

@@ -131,9 +131,10 @@ def test_the_verl_extra_declares_the_range_the_plugin_accepts():
     from packaging.specifiers import SpecifierSet
 
     extras = tomllib.loads((Path(__file__).parents[3] / "clients/python/pyproject.toml").read_text())
-    (declared,) = [Requirement(r) for r in extras["project"]["optional-dependencies"]["verl"]]
+    required = [Requirement(r) for r in extras["project"]["optional-dependencies"]["verl"]]
+    (declared,) = [requirement for requirement in required if requirement.name == "verl"]
     # one range: the extra's and the warning's
-    assert declared.name == "verl" and declared.specifier == SpecifierSet(TESTED_RANGE)
+    assert declared.specifier == SpecifierSet(TESTED_RANGE)
     for version in ("0.9.0", "0.9.1", "0.9.5", "0.8.3", "0.10.0"):
         assert SpecifierSet(TESTED_RANGE).contains(version) == (version in declared.specifier)
 
@@ -173,6 +174,17 @@ def test_the_verl_extra_declares_the_range_the_plugin_accepts():
         (["+algorithm.setpo.target_ratio=-1"], r"target_ratio must be a finite number > 0"),
         (["+algorithm.setpo.target_ratio=0.3", "+algorithm.setpo.weight=0"], r"target_ratio steers lambda from"),
         (["+algorithm.setpo.target_ration=0.3"], r"algorithm.setpo.target_ration is not a SetPO setting"),
+        (["+algorithm.setpo.advantage=max_rl"], r"\+algorithm.setpo.advantage must be one of .*maxrl.*, got 'max_rl'"),
+        (
+            ["+algorithm.setpo.combine=re-share"],
+            r"\+algorithm.setpo.combine must be one of add, reshare, got 're-share'",
+        ),
+        (
+            ["+algorithm.setpo.combine=reshare"],
+            r"\+algorithm.setpo.combine=reshare .* \+algorithm.setpo.normalize=zscore",
+        ),
+        (["+algorithm.setpo.positive_weight=0"], r"\+algorithm.setpo.positive_weight must be a finite number > 0"),
+        (["+algorithm.setpo.positive_weight=high"], r"\+algorithm.setpo.positive_weight must be a number"),
     ],
     ids=[
         "hybrid-without-key",
@@ -189,6 +201,11 @@ def test_the_verl_extra_declares_the_range_the_plugin_accepts():
         "negative-target",
         "target-with-weight-0",
         "misspelt-setting",
+        "misspelt-advantage",
+        "misspelt-combine",
+        "reshare-without-zscore",
+        "positive-weight-0",
+        "text-positive-weight",
     ],
 )
 def test_the_real_v1_trainer_refuses_a_diversity_policy_that_would_not_do_what_it_says(server, overrides, match):

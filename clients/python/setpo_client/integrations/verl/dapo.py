@@ -36,7 +36,7 @@ def filtered_keys(original, buffer, partition_id: str):
     try:
         kept = kept_by_bonus(keys, partition_id, trainer.tokenizer, trainer.config.algorithm.adv_estimator, shaper)
     except Exception as exc:  # a key function that raises: on_error decides, as for a step's scoring
-        if shaper.on_error == "fail":
+        if settings.get("on_error", "skip") == "fail":
             raise
         log.error("SetPO: could not tell which filtered groups to keep (%r); DAPO drops them", exc)
         kept = set()
