@@ -230,6 +230,23 @@ def test_keep_groups_lifts_dapos_top_whatever_min_reward(capsys, tiny_model, ser
     assert "--algo.dynamic_filtering_range 0.0 1.0 -> 0.0 inf" in capsys.readouterr().out
 
 
+def test_under_reshare_keep_groups_follows_the_base_equal_rewards_have_a_push_to_reshare_under(
+    capsys, tiny_model, server
+):
+    """combine=reshare only re-shares a positive advantage: a group of equal rewards has one under w_reinforce alone
+    (all correct: +positive_weight each), so there keep_groups stays on by default; under the framework's or MaxRL's
+    base it would keep groups that train on nothing: off by default, and refused when asked for."""
+    dapo = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0", "1"]
+    reshare = ["--setpo.min_reward", "1.0", "--setpo.normalize", "zscore", "--setpo.combine", "reshare"]
+    flags = [*base_flags(tiny_model, server.url), *dapo, *reshare]
+    assert list(train_args(*flags, "--setpo.advantage", "maxrl").algo.dynamic_filtering_range) == [0.0, 1.0]
+    lifted = train_args(*flags, "--setpo.advantage", "w_reinforce").algo.dynamic_filtering_range
+    assert list(lifted) == [0.0, float("inf")]
+    capsys.readouterr()
+    error = error_of(capsys, [*flags, "--setpo.advantage", "maxrl", "--setpo.keep_groups", "on"])
+    assert "--setpo.keep_groups on keeps groups of equal rewards" in error and "--setpo.combine reshare" in error
+
+
 def test_a_trainer_worker_without_the_key_the_start_checked_stops_at_its_start(tiny_model, server, monkeypatch):
     """Ray workers get the environment their `ray start` had, not the driver's: a start check that passed with the
     driver's SETPO_API_KEY says nothing of theirs. A worker without it that the service refuses stops at once,

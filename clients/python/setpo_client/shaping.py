@@ -569,10 +569,12 @@ def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Seque
     span), or one key under the key kernel, are a cluster: a marginal depends on its cluster's size and, for the
     embedding kernel, on the cosines between clusters, which differ with 3 or more of them (save a measure-zero
     symmetry). Clusters all of one size (one answer repeated, all keys different, two answers twice each) give equal
-    marginals, as does one key shared by all under the hybrid kernel. False with weight 0."""
+    marginals, as does one key shared by all under the hybrid kernel. False with weight 0, and under combine='reshare'
+    but with the w_reinforce base: re-sharing moves a positive advantage, which equal rewards have under it alone."""
     floor = shaper.min_reward
     scope = [text for text, reward in zip(texts, rewards) if text is not None and (floor is None or reward >= floor)]
-    if shaper.weight <= 0 or len(scope) < MIN_GROUP:
+    pushed = shaper.combine == "add" or shaper.advantage == "w_reinforce"
+    if shaper.weight <= 0 or len(scope) < MIN_GROUP or not pushed:
         return False
     compared: list = scope
     if shaper.kernel != "embedding":

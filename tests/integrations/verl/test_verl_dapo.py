@@ -190,6 +190,13 @@ def test_would_shape_says_whether_the_bonus_would_set_the_members_apart(kernel, 
     assert would_shape(shaper, [*texts, "x"], [*[1.0] * len(texts), 0.0]) is kept  # out of scope: not compared
     assert not would_shape(shaper, texts, [0.0] * len(texts))  # none in scope
     assert not would_shape(shaper, [*texts[:2], None], [1.0] * 3)  # fewer than 3 scorable
+    # re-sharing moves a positive push, which equal rewards have under w_reinforce alone
+    for advantage, pushes in (("framework", False), ("maxrl", False), ("w_reinforce", True)):
+        shaper = SetpoShaper(
+            SetpoClient("http://127.0.0.1:9"), WEIGHT, kernel=kernel, key=key, min_reward=1.0, normalize="zscore",
+            combine="reshare", advantage=advantage,
+        )  # fmt: skip
+        assert would_shape(shaper, texts, [1.0] * len(texts)) is (kept and pushes)
 
 
 @pytest.mark.parametrize(

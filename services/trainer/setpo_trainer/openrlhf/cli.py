@@ -322,9 +322,17 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
             check_openrlhf()  # the base is computed in the experience maker: no bonus, no service
         return  # otherwise plain OpenRLHF, no service needed
     low, high = options["algo.dynamic_filtering_range"]
-    keep = options["setpo.keep_groups"] or ("on" if options["setpo.min_reward"] is not None else "off")
+    # re-sharing moves a positive advantage, which a group of equal rewards has under w_reinforce alone
+    pushed = policy["combine"] == "add" or policy["advantage"] == "w_reinforce"
+    keep = options["setpo.keep_groups"] or ("on" if options["setpo.min_reward"] is not None and pushed else "off")
     if keep == "on" and options["setpo.min_reward"] is None:
         parser.error("--setpo.keep_groups on keeps the groups all of whose responses reach --setpo.min_reward: set it")
+    if keep == "on" and not pushed:
+        parser.error(
+            "--setpo.keep_groups on keeps groups of equal rewards for their bonus, but --setpo.combine reshare only "
+            f"re-shares a positive advantage, which --setpo.advantage {policy['advantage']} gives such a group none of: "
+            "drop --setpo.keep_groups, or use --setpo.advantage w_reinforce"
+        )
     if keep == "on" and options["algo.dynamic_filtering_enable"] and not math.isinf(high):
         # OpenRLHF keeps a group only if low < its mean reward < high, inside its sampling loop (no seam to hook): an
         # all-correct group's mean is the rewards' top, which the range's top is (0 1) or is below, whatever min_reward
