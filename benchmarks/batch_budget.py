@@ -4,10 +4,10 @@ texts, in each dtype, in interleaved rounds (this VM drifts; the paired ratio is
 
 No HTTP, no JSON, no scoring: what is left between the service and in-process encode here is the batch shape and
 the per-batch work (padding, the forward, the float32 normalisation); what a request adds on top is the difference
-between this and `http_vs_inprocess.py` / `peer_infinity.py`. docs/benchmarks.md section 20.
+between this and `http_vs_inprocess.py` / `peer_infinity.py`. docs/benchmarks.md, "What a batch budget buys, on a CPU".
 
 --attention eager also times each budget with transformers' eager attention instead of its default (sdpa, a fused
-kernel): on short texts the fused CPU kernel is not always the faster (section 21).
+kernel): on short texts the fused CPU kernel is not always the faster (the same section).
 
     python -m benchmarks.batch_budget [--workload countdown] [--dtypes bfloat16 float32]
         [--budgets 1024 2048 4096] [--attention sdpa eager] [--repeats 3] [--texts N]

@@ -23,7 +23,7 @@ requests (6 min on the busy 2-core VM): it checks that everything runs, it measu
     python -m benchmarks.peer_infinity [--dtypes float32 bfloat16] [--repeats 5] [--compile] [--quick]
     (needs .venv-infinity: make bench builds it)
 
-Where bfloat16 is emulated (AVX2 only) its rounds dominate and the run takes hours: docs/benchmarks.md section 13
+Where bfloat16 is emulated (AVX2 only) its rounds dominate and the run takes hours: docs/benchmarks.md, "bfloat16 on a CPU"
 says how long, measured.
 """
 

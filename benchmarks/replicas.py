@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--per-prompt", type=int, default=8)
     parser.add_argument("--budget", type=int, default=16384, help="each replica's SETPO_MAX_BATCH_TOKENS")
-    parser.add_argument("--out", type=Path, default=Path("out/bench/replicas.json"))  # docs/benchmarks.md: section 17
+    parser.add_argument(
+        "--out", type=Path, default=Path("out/bench/replicas.json")
+    )  # docs/benchmarks.md, "How replicas scale"
     args = parser.parse_args()
     rows = gsm8k_rows()[: args.prompts * args.per_prompt]
     texts = [row["answer"] for row in rows]

@@ -17,7 +17,7 @@ lock-infinity: $(INFINITY_STAMP)
 	touch $(INFINITY_STAMP)
 
 # peer_infinity: setpo, infinity-emb and in-process encode, in float32 and bfloat16, interleaved rounds: hours where
-# bfloat16 is emulated (how long: docs/benchmarks.md section 13).
+# bfloat16 is emulated (how long: docs/benchmarks.md, "bfloat16 on a CPU").
 bench: $(STAMP) $(INFINITY_STAMP)
 	$(PY) -m benchmarks.loo_closed_form --plot docs/figures/loo_speedup.png
 	$(PY) -m benchmarks.http_vs_inprocess

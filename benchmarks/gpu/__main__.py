@@ -102,7 +102,7 @@ def compare(
             served: Callable[[list[list[str]]], object]
             if name.startswith("rollout"):  # a training step: the plug-ins' own path, several requests
                 served = shaper.score
-            else:  # one request, as the CPU benchmark (docs/benchmarks.md section 2)
+            else:  # one request, as the CPU benchmark (docs/benchmarks.md, "Method")
                 served = lambda part: client.diversity([{"texts": g} for g in part])  # noqa: E731
             served(groups[:64])  # warm both paths (a whole 1024 x 6 step of a 0.6B model would take minutes)
             model.encode(texts[:64], batch_size=32)

@@ -1,5 +1,5 @@
 """Where a request's time goes inside the service, stage by stage, in one process (issue 28: on a GPU the service
-ran at 0.14-0.47 of bare in-process encode, docs/benchmarks.md section 14).
+ran at 0.14-0.47 of bare in-process encode, docs/benchmarks.md, "glibc's heaps").
 
 Each stage runs the service's own code on the rollout texts as the plug-ins send them, one stage at a time:
   parse     DiversityRequest.model_validate_json of the request body (the admission thread)

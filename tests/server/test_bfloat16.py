@@ -1,4 +1,4 @@
-"""SETPO_DTYPE=bfloat16 on CPU: the precision to serve in on a CPU with AMX (docs/benchmarks.md section 9).
+"""SETPO_DTYPE=bfloat16 on CPU: the precision to serve in on a CPU with AMX (docs/benchmarks.md, "bfloat16 on a CPU").
 It must rank a group's responses as float32 does, and its automatic batch budget must follow the precision."""
 
 import torch

@@ -166,7 +166,7 @@ def test_a_pipelined_request_whose_headers_run_out_of_time_behind_answers_gets_t
 def test_a_caller_still_sending_when_refused_reads_the_whole_answer_then_an_orderly_close(limited):
     """A slowloris caller's next line may be under way when its 408 goes out. Closing with that line unread sends a
     reset instead of a close, and the caller's read of the answer ends in ConnectionResetError (the flake of
-    docs/development.md, the fifth session, item 6). Eight callers send a header line every millisecond until their
+    docs/development.md, "Tests that hold on a busy machine"). Eight callers send a header line every millisecond until their
     answer comes: each must read the whole 408, then the end of the stream."""
 
     def answer_of_a_fast_trickler() -> bytes:

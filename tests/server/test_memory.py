@@ -1,11 +1,11 @@
 """A busy server's forward passes reuse the memory the previous ones freed (setpo_server.runtime.keep_freed_memory).
 
 With glibc's defaults the kernel faulted in and zeroed every batch's activations afresh: 300-500 k page faults
-and 0.7-0.9 s of kernel time per Countdown request (docs/benchmarks.md section 10). Page faults are counted by
+and 0.7-0.9 s of kernel time per Countdown request (docs/benchmarks.md, "glibc's heaps"). Page faults are counted by
 the kernel, so this checks the behaviour without timing anything.
 
 But one heap has one lock: on a 16-core GPU host the tokenizer's threads queued on it, and tokenising ran 25x
-slower (2.6 against 0.10 ms a text; the service at 0.15 of in-process encode, docs/benchmarks.md section 15).
+slower (2.6 against 0.10 ms a text; the service at 0.15 of in-process encode, docs/benchmarks.md, "glibc's heaps").
 So one heap only on a CPU with few threads; glibc's own report (malloc_info) says how many heaps a process has.
 """
 

@@ -13,9 +13,6 @@ from setpo_client.types import Info, Limits
 log = logging.getLogger("setpo_client")
 
 MIN_GROUP = 3  # leave-one-out marginals need pairs left after removing one member
-# TODO(answer-size): the service's own estimate of a /v1/diversity answer, which it refuses over max_response_bytes
-# (5 numbers of 24 bytes a member, 160 bytes a group); to be read from /info once the service states it.
-ANSWER_BYTES_PER_ROW, ANSWER_BYTES_PER_GROUP = 5 * 24, 160
 # A text's tokens, bounded from above without its tokenizer: at most max_tokens, and at most one a UTF-8 byte plus
 # what a tokenizer adds (special tokens, a leading '▁'); docs/service.md, "Trainer integrations".
 ADDED_TOKENS = 4
@@ -31,12 +28,9 @@ class Chunk:
 
 
 def largest_group(limits: Limits) -> int:
-    """The most members a group may have for the service to score it: its group size, request rows and answer
-    size limits."""
-    rows = min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
-    if limits.max_response_bytes:
-        rows = min(rows, (limits.max_response_bytes - ANSWER_BYTES_PER_GROUP) // ANSWER_BYTES_PER_ROW)
-    return rows
+    """The most members a group may have for the service to score it: its group size and request rows limits (the
+    service folds its answer-size bound into max_request_rows: docs/service.md, SETPO_MAX_REQUEST_ROWS)."""
+    return min(limits.max_group_size, limits.max_request_rows or limits.max_group_size)
 
 
 def text_chars(info: Info, max_chars: int | None = None) -> int:
@@ -133,7 +127,7 @@ def pack(
 ) -> list[tuple[list[int], list[int], list[bytes]]]:
     """Fitted groups (index, JSON, members, texts, tokens at most) into requests, in order: `chunks` parts of about
     equal bytes (a group goes to the part its middle byte falls in), each cut further into as few requests as
-    max_groups, max_request_rows, max_body_bytes, max_response_bytes (the answer's size), max_queue_texts and
+    max_groups, max_request_rows (which bounds the answer's size too), max_body_bytes, max_queue_texts and
     max_queue_tokens (what one request may queue) allow. Each request: (indices, members, JSONs)."""
     total = max(1, sum(len(body) for _, body, _, _, _ in fitted))
     requests: list[tuple[list[int], list[int], list[bytes]]] = []
@@ -147,11 +141,6 @@ def pack(
             or grouped + 1 > limits.max_groups
             or (limits.max_request_rows and rows_in + rows > limits.max_request_rows)
             or bytes_in + 1 + len(body) > limits.max_body_bytes
-            or (
-                limits.max_response_bytes
-                and (rows_in + rows) * ANSWER_BYTES_PER_ROW + (grouped + 1) * ANSWER_BYTES_PER_GROUP
-                > limits.max_response_bytes
-            )
             or texts_in + texts > limits.max_queue_texts
             or (limits.max_queue_tokens and tokens_in + tokens > limits.max_queue_tokens)
         ):
