@@ -14,9 +14,9 @@ from collections import Counter
 from pathlib import Path
 from statistics import fmean
 
-from experiments.countdown_lm import job
+from experiments.countdown_lm import job, report
 from experiments.countdown_lm.arms import Config
-from experiments.countdown_lm.report import BOOTSTRAP, cell, interval, mean_std, paired_interval
+from experiments.countdown_lm.report import BOOTSTRAP, cell, mean_std, paired_interval
 from setpo_client.keys import countdown_expression
 from setpo_trainer.eval.metrics import pass_at_k, pcmd
 from setpo_trainer.packaged_data import read_jsonl
@@ -249,17 +249,7 @@ def validation_table(results: dict, chosen: dict) -> str:
 
 
 def test_table(results: dict) -> str:
-    names = list(results["arms"])
-    lines = ["| metric (test) | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for key in HEADLINE:
-        value = results["base"][key]
-        row = [cell(results["arms"][n]["metrics"][key]) for n in names]
-        lines.append(f"| {key} | {'—' if value is None else f'{value:.3f}'} | " + " | ".join(row) + " |")
-    for versus, label in (("versus_grpo", "GRPO"), ("versus_keyless", "v3 keyless")):
-        for key in HEADLINE:
-            row = [interval(results["arms"][n][versus][key]) if results["arms"][n][versus] else "" for n in names]
-            lines.append(f"| {key}: arm - {label}, 95 % paired bootstrap | | " + " | ".join(row) + " |")
-    return "\n".join(lines)
+    return report.test_table(results, HEADLINE, (("versus_grpo", "GRPO"), ("versus_keyless", "v3 keyless")), train=())
 
 
 def plot(results: dict, where: Path) -> list[Path]:

@@ -315,19 +315,18 @@ def interval(pair: list) -> str:
     return "—" if pair[0] is None else f"[{pair[0]:+.3f}, {pair[1]:+.3f}]"
 
 
-def test_table(results: dict) -> str:
+def test_table(results: dict, headline=HEADLINE, versus=(("versus_grpo", "GRPO"),), train=TRAIN) -> str:
     names = list(results["arms"])
     lines = ["| metric (test) | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for key in HEADLINE:
+    for key in headline:
         base = results["base"][key]
         row = [cell(results["arms"][n]["metrics"][key]) for n in names]
         lines.append(f"| {key} | {'—' if base is None else f'{base:.3f}'} | " + " | ".join(row) + " |")
-    for key in HEADLINE:
-        row = [
-            interval(results["arms"][n]["versus_grpo"][key]) if results["arms"][n]["versus_grpo"] else "" for n in names
-        ]
-        lines.append(f"| {key}: arm - GRPO, 95 % paired bootstrap | | " + " | ".join(row) + " |")
-    for key in TRAIN:
+    for against, label in versus:
+        for key in headline:
+            row = [interval(results["arms"][n][against][key]) if results["arms"][n][against] else "" for n in names]
+            lines.append(f"| {key}: arm - {label}, 95 % paired bootstrap | | " + " | ".join(row) + " |")
+    for key in train:
         row = [cell(results["arms"][n]["train"][key]) for n in names]
         lines.append(f"| train: {key} | | " + " | ".join(row) + " |")
     return "\n".join(lines)
