@@ -492,6 +492,14 @@ def test_recipes_take_the_diversity_policy_from_the_environment(recipe, tiny_mod
     assert "the arguments check out" in run.stdout
 
 
+def test_recipes_take_the_base_and_its_combination_from_the_environment(tiny_model, server, tmp_path, run_recipe):
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    base = {"SETPO_ADVANTAGE": "w_reinforce", "SETPO_POSITIVE_WEIGHT": "0.2", "SETPO_COMBINE": "reshare"}
+    run = run_recipe("grpo_gsm8k.sh", {**env, **base, "SETPO_NORMALIZE": "zscore"}, "--setpo.check_only")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "normalize=zscore embed_span=None advantage=w_reinforce positive_weight=0.2 combine=reshare" in run.stdout
+
+
 def test_an_empty_variable_passes_no_flag_and_an_argument_wins(tiny_model, server, tmp_path, run_recipe):
     env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
     policy = {"SETPO_KERNEL": "", "SETPO_NORMALIZE": "zscore"}  # an empty kernel would be an invalid choice

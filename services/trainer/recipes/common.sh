@@ -15,6 +15,9 @@
 #   SETPO_KERNEL        --setpo.kernel         embedding | hybrid | key
 #   SETPO_NORMALIZE     --setpo.normalize      none | zscore
 #   SETPO_EMBED_SPAN    --setpo.embed_span     embed only the last match of this regular expression of each text
+#   SETPO_ADVANTAGE     --setpo.advantage      framework | maxrl | w_reinforce: how 0/1 rewards become advantages
+#   SETPO_POSITIVE_WEIGHT  --setpo.positive_weight  w_reinforce's weight on correct answers
+#   SETPO_COMBINE       --setpo.combine        add | reshare: the bonus re-shares the base's positive push (zscore)
 #   SETPO_TARGET_RATIO  --setpo.target_ratio   steer lambda to RMS(bonus) / RMS(advantage); the recipe's lambda starts it
 #   SETPO_MIN_WEIGHT, SETPO_MAX_WEIGHT, SETPO_WEIGHT_EMA, SETPO_WARMUP_STEPS, SETPO_FREEZE_AFTER
 #                       --setpo.min_weight, ... the controller's bounds, averaging, warm-up and freeze
@@ -48,7 +51,7 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 # The diversity policy (and in_flight) from the environment, as flags placed after the recipe's --setpo.weight and
 # before the recipe's own arguments (so an argument still wins). setpo-train checks the values, as it checks its flags.
 POLICY_FLAGS=()
-for name in min_reward key kernel normalize embed_span target_ratio min_weight max_weight weight_ema warmup_steps freeze_after in_flight keep_groups; do
+for name in min_reward key kernel normalize embed_span advantage positive_weight combine target_ratio min_weight max_weight weight_ema warmup_steps freeze_after in_flight keep_groups; do
     variable=SETPO_${name^^}
     if [ -n "${!variable:-}" ]; then
         POLICY_FLAGS+=("--setpo.$name" "${!variable}")
