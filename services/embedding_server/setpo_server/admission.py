@@ -1,13 +1,11 @@
 """Admission: who gets in (a warm model; one of SETPO_MAX_CONCURRENT_REQUESTS places, at most
-SETPO_MAX_REQUESTS_PER_CALLER of them one caller's), and the body that becomes a typed request.
-
-Data routes read their own body: FastAPI would parse and validate it on the event loop (a big body of numbers holds
-it for a second or more); here it is read within its limits, then parsed by pydantic in a worker thread, where the
-schemas hold it to the limits and the contract (schemas.Served). The queue's own bounds (texts, tokens) are the
-batcher's.
+SETPO_MAX_REQUESTS_PER_CALLER of them one caller's), and the body that becomes a typed request: read within its limits,
+then parsed by pydantic in a worker thread (on the event loop a big body of numbers would hold it for a second or more),
+where the schemas hold it to the limits and the contract (schemas.Served).
 """
 
 import asyncio
+import contextlib
 import math
 from collections.abc import AsyncIterator
 from typing import Annotated, TypeVar
@@ -55,11 +53,8 @@ async def limit_in_progress(state: Service, caller: Caller) -> AsyncIterator[Non
     """At most SETPO_MAX_CONCURRENT_REQUESTS data requests at once, and of those at most SETPO_MAX_REQUESTS_PER_CALLER
     from one caller; the next gets 503 before its body is read. A request holds its place until its answer is sent
     (routes.SlicedAnswer), so answers their callers leave unread count too, until SETPO_WRITE_TIMEOUT drops them."""
-    limit, per_caller, held = (
-        state.settings.max_concurrent_requests,
-        places_per_caller(state),
-        state.held.get(caller, 0),
-    )
+    limit, per_caller = state.settings.max_concurrent_requests, places_per_caller(state)
+    held = state.held.get(caller, 0)
     if state.in_progress >= limit or held >= per_caller:
         retry = state.batcher.retry_after() if state.batcher is not None else LOADING_RETRY_AFTER
         message = (
@@ -132,9 +127,7 @@ async def read_request(request: Request, model: type[Body], state: ServiceState,
     del chunks
     served = Served(settings, backend.served_names, backend.model_path, backend.dimension)
     try:
-        if size <= BIG_BODY_BYTES:
-            return await run_in_threadpool(model.model_validate_json, body, context=served)
-        async with state.big_bodies:
+        async with state.big_bodies if size > BIG_BODY_BYTES else contextlib.nullcontext():
             return await run_in_threadpool(model.model_validate_json, body, context=served)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None

@@ -1,11 +1,8 @@
 """The callers' keys: SETPO_API_KEY (its caller is named "default") and SETPO_API_KEY_FILE, one key a line, `name=key`
 or a bare key (named "key-<line number>"), blank lines and `#` comments skipped.
 
-The file is looked at every RELOAD_SECONDS, so keys rotate without a restart (docs/reliability.md): a Kubernetes
-Secret mounted as a volume changes in place. A changed file is taken once two looks a poll apart read the same (a
-writer caught mid-update is not taken half-written); one that reads empty, unreadable or unparseable keeps the keys
-in force, with a warning, so a botched update neither locks every trainer out nor turns the key off.
-A caller's name goes into the access log, the request metrics and the batcher's turns; its key goes nowhere.
+The file is looked at every RELOAD_SECONDS, so keys rotate without a restart (docs/service.md, "Keys and callers"): a
+change is taken once two looks agree, and one that reads empty, unreadable or unparseable keeps the keys in force.
 """
 
 import asyncio

@@ -22,17 +22,15 @@ log = logging.getLogger("setpo_server")
 
 
 def stop_process(state: ServiceState, reason: str) -> None:
-    """A fatal failure: /ready says why (503) and uvicorn is told to stop (`setpo-server` sets state.shutdown;
-    elsewhere SIGTERM); `setpo-server` then exits non-zero, so an orchestrator restarts the service rather than
-    probing a hung one."""
+    """A fatal failure: /ready says why (503), uvicorn is told to stop, and `setpo-server` then exits 1, so that an
+    orchestrator restarts the service rather than probing a hung one."""
     state.fatal = reason
     metrics.READY.set(0)
     state.shutdown()
 
 
 async def load_model(state: ServiceState) -> None:
-    """Load and warm the model off the event loop, so /health answers (and /ready says 503) meanwhile.
-    A model that cannot load is fatal: the reason goes to the log and the process stops."""
+    """Load and warm the model off the event loop (/health answers meanwhile); a model that cannot load is fatal."""
     settings = state.settings
     try:
         backend = await asyncio.to_thread(Backend, settings)

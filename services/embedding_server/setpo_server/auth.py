@@ -1,6 +1,5 @@
-"""The API key (SETPO_API_KEY, SETPO_API_KEY_FILE: api_keys.py), checked from the headers before anything else of a
-request is read; the key's caller name is what admission counts places by and the batcher shares its turns between,
-and is kept on the request for the metrics and the access log."""
+"""The API key (api_keys.py), checked from the headers before anything else of a request is read; its caller's name
+is kept on the request for admission, the batcher's turns, the metrics and the access log."""
 
 from typing import Annotated
 

@@ -23,18 +23,9 @@ def resolve_device(setting: str) -> str:
     return setting
 
 
-def resolve_dtype(setting: str, device: str) -> torch.dtype:
-    if setting == "auto":
-        return torch.float16 if device.startswith("cuda") else torch.float32
-    if setting == "float16" and device == "cpu":
-        raise ValueError("SETPO_DTYPE=float16 is not supported on CPU; use float32 or bfloat16")
-    return DTYPES[setting]
-
-
 EMBEDDED_MODEL_NAME = "all-MiniLM-L6-v2"
-# Texts are cut to this many characters per model token before tokenising, as TEI does, so tokenising costs
-# O(max tokens), not O(text). English runs 4-5 characters a token, math and code ~3: only a text whose first
-# max_tokens tokens average over 10 characters embeds differently (and is counted as truncated).
+# Texts are cut to this many characters a model token before tokenising, as TEI does: tokenising costs O(max tokens),
+# and only a text whose kept tokens average over 10 characters (English runs 4-5, math ~3) embeds differently.
 CHARS_PER_TOKEN = 10
 
 
@@ -46,13 +37,9 @@ def embedded_model_path() -> str:
 
 
 class Backend:
-    """A sentence-transformers model, ready to embed.
-
-    Each text is tokenised once, by `tokenize` in a request thread; `encode` then only pads and runs the model,
-    on the batcher's single forward thread: letting sentence-transformers tokenise again per forward costs
-    throughput (docs/benchmarks.md, "Tokenising once"). `tokenize` uses its own copy of the tokenizer behind a lock:
-    a fast tokenizer mutates its truncation state on every call and must not be shared across threads.
-    """
+    """A sentence-transformers model, ready to embed. Each text is tokenised once, by `tokenize` in a request thread,
+    with its own copy of the tokenizer behind a lock (a fast tokenizer's truncation state is not thread-safe); `encode`
+    only pads and runs the model on the forward thread (docs/benchmarks.md, "Tokenising once")."""
 
     def __init__(self, settings: Settings):
         from sentence_transformers import SentenceTransformer  # heavy: imported off the event loop
@@ -68,7 +55,10 @@ class Backend:
         # what the server answers to (as vLLM's --served-model-name), else the model's own name; the first names answers
         self.served_names = settings.served_model_name or [self.name]
         self.device = resolve_device(settings.device)
-        self.dtype = resolve_dtype(settings.dtype, self.device)  # auto on CPU: float32, then measured below
+        if settings.dtype == "float16" and self.device == "cpu":
+            raise ValueError("SETPO_DTYPE=float16 is not supported on CPU; use float32 or bfloat16")
+        # auto: float16 on CUDA; on CPU float32, then measured below
+        self.dtype = DTYPES.get(settings.dtype, torch.float16 if self.device.startswith("cuda") else torch.float32)
         self.model = SentenceTransformer(self.model_path, device=self.device, model_kwargs={"dtype": self.dtype})
         self.model.eval()
         chosen = str(self.dtype).removeprefix("torch.")
@@ -82,17 +72,16 @@ class Backend:
             self.dtype, self.dtype_reason = decision.dtype, decision.reason
         self.created = int(time.time())  # OpenAI's `created` of the served model (GET /v1/models)
         if settings.compile:
-            import torch._inductor.config
+            from torch._inductor import config as inductor
 
             transformer, inner = self.model[0], getattr(self.model[0], "model", None)
             if not isinstance(inner, torch.nn.Module):
                 raise ValueError(
                     f"SETPO_COMPILE=true needs a transformers-backed model; {self.name} starts with {type(transformer).__name__}"
                 )
-            # Freezing turns the weights into graph constants, so inductor can pre-pack them and fold more around the
-            # matrix multiplies (bias adds, GELU, layer norms): without it the compiled model ran slower
-            # (docs/benchmarks.md, "Compiled forward passes").
-            torch._inductor.config.freezing = True
+            # weights as graph constants, so inductor folds more around the matrix multiplies: unfrozen, the compiled
+            # model ran slower (docs/benchmarks.md, "Compiled forward passes")
+            inductor.freezing = True
             # dynamic: one graph for every batch size and length, not one per shape a request happens to bring
             transformer.model = torch.compile(inner, dynamic=True)  # type: ignore[assignment]  # a callable module
         if not getattr(self.model.tokenizer, "is_fast", False):

@@ -1,18 +1,12 @@
-"""Admission by work and fair, token-budget batches for the model (the middle stage of a request).
+"""The middle stage of a request: admission by work and fair, token-budget batches for the model
+(docs/service.md, "A shared service").
 
-A request's distinct texts are tokenised in slices (the backend's lock is never held for a whole request, and
-a caller who leaves stops it between slices), then admitted against the queue's bounds in texts and tokens,
-counted until their last text is embedded. One asyncio task builds each forward batch by taking texts from
-the callers in turn (the name of the key each sent; one caller when no key is set), the one served longest ago
-first, from each caller's jobs in turn, longest texts first within a job, until the padded batch would overflow
-SETPO_MAX_BATCH_TOKENS: a small request waits for about one forward pass per caller ahead of it (plus the two
-batches in flight), never for a stranger's whole job, and a caller sending many requests at once gets no more
-turns than one sending a single request. A single dedicated forward thread runs the
-model, so the event loop never does and no two forwards compete for the cores.
-
-If that task dies, the device reports an error (the CUDA context is then unusable), or a forward pass runs past
-SETPO_FORWARD_TIMEOUT (a stuck device or driver), every waiting request fails with BatcherFailed and
-`on_failure` is called: the app turns /ready to 503 and stops the process.
+A request's distinct texts are tokenised in slices (no request holds the tokenizer long, and a caller who leaves
+stops it between slices), then admitted against the queue's bounds in texts and tokens. One task builds each batch
+from the callers in turn (the name of the key each sent), the one served longest ago first, then from that caller's
+jobs in turn, longest texts first, until the padded batch would pass SETPO_MAX_BATCH_TOKENS; one thread runs the model.
+If that task dies, the device errs, or a forward pass runs past SETPO_FORWARD_TIMEOUT, every waiting request fails with
+BatcherFailed and `on_failure` stops the process.
 """
 
 import asyncio
@@ -36,11 +30,8 @@ from setpo_server.runtime import MALLOC_TRIM
 
 log = logging.getLogger("setpo_server")
 
-# The most seconds a 429 asks a caller to wait: past a minute the estimate is a guess, and clients should
-# come back and see.
-MAX_RETRY_AFTER = 60
-# Texts tokenised per call: big enough to keep the fast tokenizer's batching, small enough that other requests'
-# slices get the tokenizer's lock within milliseconds.
+MAX_RETRY_AFTER = 60  # seconds a 429 may ask for: past a minute the estimate is a guess
+# Texts tokenised per call: enough for the fast tokenizer's batching, few enough that others get its lock soon.
 TOKENIZE_SLICE = 256
 
 
@@ -55,12 +46,11 @@ def resolve_batch_tokens(setting: int | str, device: str, dtype: torch.dtype) ->
 
 
 class Overloaded(Exception):
-    """The queue is full: `setting` (its value `limit`) would be passed; the caller should come back in `retry_after` s."""
+    """The queue is full: the message says which bound; the caller should come back in `retry_after` seconds."""
 
-    def __init__(self, queued_texts: int, queued_tokens: int, setting: str, limit: int, retry_after: int):
-        super().__init__(f"{queued_texts} texts ({queued_tokens} tokens) are already queued")
-        self.queued_texts, self.queued_tokens, self.retry_after = queued_texts, queued_tokens, retry_after
-        self.setting, self.limit = setting, limit
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class TooLarge(Exception):
@@ -71,20 +61,10 @@ class BatcherFailed(Exception):
     """The batcher or the device failed; the process is stopping so that its orchestrator restarts it."""
 
 
-class ForwardHung(Exception):
-    """A forward pass ran past SETPO_FORWARD_TIMEOUT: the device is taken to be stuck."""
-
-
 class Embedded(NamedTuple):
     embeddings: torch.Tensor  # (n, dim) float32, unit rows, in the order of the texts given
     tokens: list[int]  # tokens per text after truncation
     truncated: list[bool]
-
-
-def is_device_error(exc: BaseException) -> bool:
-    """A CUDA error (illegal access, device-side assert, ECC): the context is unusable, only a restart helps."""
-    accelerator_error = getattr(torch, "AcceleratorError", ())
-    return isinstance(exc, accelerator_error) or "CUDA error" in str(exc)
 
 
 @dataclass
@@ -131,10 +111,9 @@ class Batcher:
         self._worker.add_done_callback(self._worker_ended)
 
     async def embed(self, texts: list[str], caller: str = ANONYMOUS) -> Embedded:
-        """Embed distinct texts for a caller (api_keys.py names them). Raises TooLarge for a request bigger than the queue,
-        Overloaded when the queue is full, BatcherFailed when the batcher is down.
-        If the caller goes away, awaiting here is cancelled: tokenising stops at the next slice, and a queued
-        job is dropped at the next batch."""
+        """Embed distinct texts for a caller. Raises TooLarge for a request bigger than the queue, Overloaded when the
+        queue is full, BatcherFailed when the batcher is down. A cancelled wait (the caller left) stops tokenising at
+        the next slice and drops the job at the next batch."""
         if len(texts) > self.max_queue_texts:
             raise TooLarge(
                 f"request has {len(texts)} distinct texts, more than SETPO_MAX_QUEUE_TEXTS={self.max_queue_texts}; split it"
@@ -171,12 +150,13 @@ class Batcher:
     def _check_room(self, texts: int, tokens: int) -> None:
         if self.failure is not None:
             raise BatcherFailed(self.failure)
-        if self._queued_texts + texts > self.max_queue_texts:
-            queued, limit = "SETPO_MAX_QUEUE_TEXTS", self.max_queue_texts
-            raise Overloaded(self._queued_texts, self._queued_tokens, queued, limit, self.retry_after())
-        if self._queued_tokens + tokens > self.max_queue_tokens:
-            queued, limit = "SETPO_MAX_QUEUE_TOKENS", self.max_queue_tokens
-            raise Overloaded(self._queued_texts, self._queued_tokens, queued, limit, self.retry_after())
+        for setting, queued, limit in (
+            ("SETPO_MAX_QUEUE_TEXTS", self._queued_texts + texts, self.max_queue_texts),
+            ("SETPO_MAX_QUEUE_TOKENS", self._queued_tokens + tokens, self.max_queue_tokens),
+        ):
+            if queued > limit:
+                retry, queue = self.retry_after(), f"{self._queued_texts} texts, {self._queued_tokens} tokens queued"
+                raise Overloaded(f"server is busy ({queue}, {setting}={limit}); retry after {retry} s", retry)
 
     def _count(self, texts: int, tokens: int) -> None:
         self._queued_texts += texts
@@ -190,7 +170,7 @@ class Batcher:
         at least one text)."""
         for job in [job for job in self._jobs if job.future.done() and job.done == job.taken]:  # cancelled or failed
             self._jobs.remove(job)
-            self._drop(job)
+            self._count(-(len(job.texts) - job.done), -job.remaining_tokens)
         self._batches += 1
         batch, count, longest = [], 0, 0
         for job in sorted(self._jobs, key=lambda job: (self._caller_served.get(job.caller, 0), job.served)):
@@ -211,13 +191,9 @@ class Batcher:
                 break
         return batch
 
-    def _drop(self, job: _Job) -> None:
-        self._count(-(len(job.texts) - job.done), -job.remaining_tokens)
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        # Up to two batches handed to the forward thread at once: it starts the next as soon as one ends, instead of
-        # waiting for this loop to hand out rows and build the next batch (Countdown: ~18 batches a request).
+        # Two batches handed to the forward thread at once: it starts the next as soon as one ends
         in_flight: deque[tuple[list[tuple[_Job, list[int]]], list[str], asyncio.Future]] = deque()
         while True:
             while len(in_flight) < 2 and (batch := self._next_batch()):
@@ -238,13 +214,14 @@ class Batcher:
             outcome: torch.Tensor | Exception
             try:
                 outcome = await asyncio.wait_for(forward, self.forward_timeout)
-            except TimeoutError:  # the thread cannot be stopped: _worker_ended fails everyone and stops the process
-                raise ForwardHung(
+            except TimeoutError:  # a stuck device: the thread cannot be stopped, _worker_ended stops the process
+                raise TimeoutError(
                     f"a forward pass of {len(texts)} texts ran past SETPO_FORWARD_TIMEOUT={self.forward_timeout} s"
                 ) from None
             except Exception as exc:
-                if is_device_error(exc):
-                    raise  # the device is gone: _worker_ended fails everyone and stops the process
+                # a CUDA error (illegal access, device-side assert, ECC) leaves the context unusable: stop the process
+                if isinstance(exc, getattr(torch, "AcceleratorError", ())) or "CUDA error" in str(exc):
+                    raise
                 outcome = exc  # a model failure fails these requests, not the service
             position = {text: i for i, text in enumerate(texts)}
             for job, taken in batch:
@@ -271,13 +248,12 @@ class Batcher:
         metrics.BATCH_SIZE.observe(len(ids))
         metrics.BATCH_TOKENS.observe(len(ids) * longest)
         metrics.TEXTS_EMBEDDED.inc(len(ids))
-        # Activations of every batch shape are freed into glibc's heaps, which fragment and keep the pages, so
-        # resident memory creeps up under sustained load; a trim takes milliseconds, so at most one a second
-        # (docs/reliability.md, "Load").
+        # Freed activations fragment glibc's heaps and resident memory creeps up: trim, at most once a second
+        # (docs/reliability.md, "Load")
         if may_trim and MALLOC_TRIM is not None and time.monotonic() - self._trimmed_at >= 1.0:
             MALLOC_TRIM(0)
             self._trimmed_at = time.monotonic()
-        # A moving average: one tiny, overhead-bound batch must not make the Retry-After estimate absurd
+        # averaged: one tiny, overhead-bound batch must not make the Retry-After estimate absurd
         measured = sum(len(row) for row in ids) / max(time.perf_counter() - start_time, 1e-6)
         self._tokens_per_second = (
             measured if not self._tokens_per_second else 0.8 * self._tokens_per_second + 0.2 * measured

@@ -56,13 +56,7 @@ def main() -> None:
     state: ServiceState = app.state.setpo
     # One process: the model lives once in memory, and the batcher sees every request to coalesce them.
     # On SIGTERM uvicorn stops accepting, finishes the requests in flight, then exits.
-    connection = partial(
-        BoundedProtocol,
-        header_timeout=settings.header_timeout,
-        max_header_bytes=settings.max_header_bytes,
-        write_timeout=settings.write_timeout,
-        max_connections=max_connections(settings.max_connections),
-    )
+    connection = partial(BoundedProtocol, settings=settings, max_connections=max_connections(settings.max_connections))
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -1,9 +1,6 @@
-"""Every error leaves the service as {"error": {"message", "type", "param"}} with the right status.
-
-The later stages raise their own errors, never HTTP types (the batcher's Overloaded, TooLarge and BatcherFailed; a
-request's content Refused by the schemas, or by scoring when its advantages overflow): until_done_or_gone maps the
-batcher's to ApiError, and the exception handlers installed here turn every ApiError, refusal, validation error, HTTP
-error and crash into that body.
+"""Every error leaves the service as {"error": {"message", "type", "param"}} with the right status: the later stages
+raise their own errors, never HTTP types; until_done_or_gone maps the batcher's, and the handlers installed here turn
+every ApiError, refusal, validation error, HTTP error and crash into that body.
 """
 
 import asyncio
@@ -46,10 +43,7 @@ class ApiError(Exception):
             self.headers["WWW-Authenticate"] = "Bearer"
 
 
-# An error names what is wrong; it never hands a caller's body back (schemas.echoed cuts what it quotes).
-MAX_MESSAGE_CHARS = 1000
-
-
+MAX_MESSAGE_CHARS = 1000  # an error names what is wrong, it never hands a caller's body back
 # Routes that follow OpenAI's API answer a bad request 400, as OpenAI does; the diversity contract keeps 422.
 OPENAI_ROUTES = frozenset({"/v1/embeddings"})
 
@@ -64,11 +58,7 @@ async def until_done_or_gone(request: Request, work: Awaitable[Any], param: str)
     try:
         return task.result()
     except Overloaded as exc:
-        message = (
-            f"server is busy ({exc.queued_texts} texts, {exc.queued_tokens} tokens queued, {exc.setting}={exc.limit}); "
-            f"retry after {exc.retry_after} s"
-        )
-        raise ApiError(429, message, "overloaded", retry_after=exc.retry_after) from None
+        raise ApiError(429, str(exc), "overloaded", retry_after=exc.retry_after) from None
     except TooLarge as exc:
         raise ApiError(422, str(exc), "invalid_request_error", param) from None
     except BatcherFailed as exc:
@@ -96,13 +86,8 @@ def field_path(loc: tuple) -> str:
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0]
     if first["type"] == "json_invalid":
-        return error_response(
-            ApiError(
-                400,
-                f"body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}",
-                "invalid_request_error",
-            )
-        )
+        message = f"body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"
+        return error_response(ApiError(400, message, "invalid_request_error"))
     messages = []
     for err in exc.errors()[:5]:
         # routes validate the raw JSON, whose messages say "array" where FastAPI's Python-mode ones said "list"

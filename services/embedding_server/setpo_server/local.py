@@ -46,8 +46,7 @@ class LocalServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    # Far above what loading the model takes on the slowest CPU, beside other work: only a server that neither becomes
-    # ready nor exits waits this long (one that exits fails at once, with its log)
+    # far above what loading takes on the slowest CPU: only a server that neither gets ready nor exits waits this long
     def start(self, wait: bool = True, timeout: float = 600.0) -> "LocalServer":
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT)

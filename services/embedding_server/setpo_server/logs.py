@@ -1,7 +1,6 @@
-"""The service's log, for a person and for a log shipper: one format for its own lines and uvicorn's (text, or one
-JSON object a line with SETPO_LOG_FORMAT=json), probes (/health, /ready, /metrics) at DEBUG, since a Kubernetes
-probe every few seconds would drown everything else at INFO, no query strings (a key a caller put there must not
-reach a log), the caller's name (never its key) where uvicorn writes "-", and no progress bars.
+"""The service's log: one format for its own lines and uvicorn's (text, or JSON with SETPO_LOG_FORMAT=json), probes at
+DEBUG (a Kubernetes probe every few seconds would drown the rest), no query strings (a key put there must not reach a
+log), the caller's name (never its key) where uvicorn writes "-", and no progress bars.
 """
 
 import json
@@ -13,8 +12,7 @@ from typing import Any
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PROBES = frozenset({"/health", "/ready", "/metrics"})
 UVICORN_ACCESS = '%s - "%s %s HTTP/%s" %d'  # uvicorn's access line: client, method, path, version, status
-# Characters of a request's path an access line keeps: a path may be as long as SETPO_MAX_HEADER_BYTES, and one
-# caller's requests must not write 32 KiB lines into everyone's log.
+# Characters of a path an access line keeps: one caller must not write SETPO_MAX_HEADER_BYTES lines into the log.
 MAX_LOGGED_PATH = 200
 # The caller a key named (api_keys.py), set by metrics.RequestMetrics just before uvicorn writes the request's line
 ACCESS_CALLER: ContextVar[str | None] = ContextVar("setpo_access_caller", default=None)

@@ -1,11 +1,7 @@
-"""SETPO_DTYPE=auto on CPU: bfloat16 only where the CPU runs it natively, it is measured faster on this machine,
-and its embeddings stay within SETPO_BF16_MIN_COSINE of float32's (docs/benchmarks.md, issue 29's sections).
-
-A CPU flag alone does not decide: on an Intel CPU with avx512_bf16 but no AMX bfloat16 served slower than float32,
-and without either flag torch emulates it, slower still. So the backend, at start, before /ready, embeds a fixed
-probe set in both precisions and keeps the other one only when it wins on both counts. The measurement (not the
-decision: SETPO_BF16_MIN_COSINE is applied afresh) is kept in SETPO_DTYPE_PROBE_CACHE under what it depends on, the
-CPU, the thread count, torch and the model's weights, so a restart on the same machine is ready seconds sooner.
+"""SETPO_DTYPE=auto on CPU: bfloat16 only where the CPU runs it natively, a probe at start measures it faster, and its
+embeddings stay within SETPO_BF16_MIN_COSINE of float32's. A flag alone does not decide: with avx512_bf16 but no AMX
+it served slower than float32 (docs/benchmarks.md, "bfloat16 on a CPU"). The measurement, not the decision, is kept in
+SETPO_DTYPE_PROBE_CACHE under what it depends on (CPU, threads, torch, the model's weights), so a restart skips it.
 """
 
 import copy
@@ -86,28 +82,23 @@ def probe_key(model: "SentenceTransformer", flag: str, cpuinfo: Path = Path("/pr
     return json.dumps([cpu, flag, torch.__version__, torch.get_num_threads(), weights.hexdigest()])
 
 
-def kept_probes(cache: Path) -> dict:
-    """The cache file's measurements by key; {} when there is no file or it is not one such object."""
-    try:
-        kept = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        return {}
-    return kept if isinstance(kept, dict) else {}
-
-
 def cached_probe(cache: Path, key: str) -> tuple[float, float] | None:
     """(speedup, min cosine) kept for key, or None (no file, no entry, or an entry that cannot be read as one)."""
     try:
-        entry = kept_probes(cache).get(key)
-        return (float(entry["speedup"]), float(entry["min_cosine"])) if entry else None
-    except (ValueError, TypeError, KeyError):
+        entry = json.loads(cache.read_text())[key]
+        return float(entry["speedup"]), float(entry["min_cosine"])
+    except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
 def keep_probe(cache: Path, key: str, speedup: float, worst: float) -> None:
     """Adds key's measurement to the cache file, written whole and renamed into place (servers starting at once
     each write a complete file). A cache that cannot be written (a read-only file system) is only logged."""
-    kept = kept_probes(cache)
+    try:
+        kept = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    kept = kept if isinstance(kept, dict) else {}
     kept[key] = {
         "speedup": speedup,
         "min_cosine": worst,

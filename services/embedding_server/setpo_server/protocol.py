@@ -1,17 +1,9 @@
-"""uvicorn's HTTP/1.1 protocol (httptools), bounded where uvicorn leaves a connection open-ended, before any body exists
-(docs/reliability.md, "What a caller cannot hold"):
-
-- a request's headers arrive within SETPO_HEADER_TIMEOUT (else 408) and SETPO_MAX_HEADER_BYTES (else 431); the clock
-  runs from the connection's or the request's first byte, or from a byte that comes between requests (the unread rest
-  of an answered body), to the end of the headers;
-- a transfer coding other than chunked gets 501 (httptools would pass the still-coded bytes on), and trailers count
-  with the headers (uvicorn would keep them all, for as long as they come);
-- at SETPO_MAX_CONNECTIONS a new connection closes the one idle longest, or gets 503 when every one is busy;
-- an answer the socket has not taken for SETPO_WRITE_TIMEOUT is dropped with its connection.
-
-Each refusal is the service's JSON error, after which the connection closes lingering: what the caller still sends is
-read and dropped for a moment, so that its answer is not lost to a reset. Written against uvicorn's protocol in the
-range setpo-server declares (pyproject.toml); `check_uvicorn` holds the installed one to it at start.
+"""uvicorn's HTTP/1.1 protocol (httptools), bounded before any body exists where uvicorn leaves a connection
+open-ended (docs/reliability.md, "What a caller cannot hold"): headers within SETPO_HEADER_TIMEOUT (408) and
+SETPO_MAX_HEADER_BYTES (431; a chunked body's trailers count with them), a transfer coding other than chunked 501,
+SETPO_MAX_CONNECTIONS (the one idle longest closed, else 503), and an answer not taken within SETPO_WRITE_TIMEOUT
+dropped. A refusal is the service's JSON error, then the connection closes lingering. Written against the uvicorn range
+setpo-server declares; `check_uvicorn` holds the installed one to it at start.
 """
 
 import asyncio
@@ -27,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from setpo_server import metrics
 from setpo_server.schemas import ErrorDetail, ErrorResponse
+from setpo_server.settings import Settings
 
 LINGER_SECONDS = 2.0  # after a refusal: long enough for what the caller had under way
 
@@ -43,20 +36,12 @@ def check_uvicorn() -> str | None:
 
 
 class BoundedProtocol(HttpToolsProtocol):
-    """One connection. `setpo-server` makes each with the settings' bounds (cli.py)."""
+    """One connection, made with the settings' bounds by `setpo-server` (cli.py)."""
 
-    def __init__(
-        self,
-        *args: Any,
-        header_timeout: float,
-        max_header_bytes: int,
-        write_timeout: float,
-        max_connections: int,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, settings: Settings, max_connections: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.header_timeout, self.max_header_bytes = header_timeout, max_header_bytes
-        self.write_timeout, self.max_connections = write_timeout, max_connections
+        self.header_timeout, self.max_header_bytes = settings.header_timeout, settings.max_header_bytes
+        self.write_timeout, self.max_connections = settings.write_timeout, max_connections
         self.header_deadline: asyncio.TimerHandle | None = None  # runs until a request's headers are complete
         self.write_deadline: asyncio.TimerHandle | None = None  # runs while the socket takes no more of an answer
         self.in_headers = False  # from a request's first byte until its headers are complete
@@ -144,10 +129,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stop_header_clock()
-        if self.write_deadline is not None:
-            self.write_deadline.cancel()
-            self.write_deadline = None
-            metrics.ANSWERS_UNSENT.dec()
+        self.stop_write_clock()
         super().connection_lost(exc)
         metrics.CONNECTIONS_OPEN.set(len(self.connections))
 
@@ -160,6 +142,9 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()
+        self.stop_write_clock()
+
+    def stop_write_clock(self) -> None:
         if self.write_deadline is not None:
             self.write_deadline.cancel()
             self.write_deadline = None
@@ -199,10 +184,9 @@ class BoundedProtocol(HttpToolsProtocol):
     def refuse(
         self, status: int, reason: str, message: str, kind: str, param: str | None, retry_after: int | None = None
     ) -> None:
-        """Answer in the service's JSON error shape from the connection itself, then close it lingering: closed at
-        once with the caller's next bytes unread, the kernel would send a reset, which can cost the caller the answer
-        it has not read yet. While an earlier request of the connection is still being answered (pipelined), that
-        answer goes out whole and the connection closes after it, without this one's."""
+        """Answer in the service's JSON error shape, then close lingering (closed with the caller's bytes unread, the
+        kernel would reset, and the caller could lose the answer). Behind an answer still being sent (pipelined), that
+        answer goes out whole, then the close, without this one's."""
         self.lingering, self.in_headers, self.header_bytes, self.heard_at = True, False, 0, 0.0  # reclaimed first
         self.stop_header_clock()
         if self.cycle is not None and not self.cycle.response_complete:

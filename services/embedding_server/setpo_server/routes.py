@@ -1,8 +1,6 @@
-"""HTTP routes (the first stage of a request), handlers only: each reads its request (admission.read_request, where
-its content is checked), calls the scoring stage and sends the answer. The key (auth.py), admission (admission.py), the
-mapping of errors to HTTP (errors.py) and the OpenAPI additions (openapi.py) live in their own modules.
-
-Probes are `async def`: they answer from the event loop and never wait for the worker threads.
+"""HTTP routes (the first stage of a request), handlers only: each reads its request (admission.read_request, where its
+content is checked), calls the scoring stage and sends the answer. Probes are `async def`: they answer from the event
+loop and never wait for the worker threads.
 """
 
 import base64
@@ -49,9 +47,9 @@ BIG_ANSWER_BYTES = 1024 * 1024  # its pages go back to the OS once it is sent
 
 
 class SlicedAnswer(Response):
-    """JSON sent a slice at a time, each once the socket has taken the one before (uvicorn waits for its transport to
-    drain): the request, and the place it holds, last until its caller has read the answer or SETPO_WRITE_TIMEOUT
-    drops it (protocol.py). So unread answers count against SETPO_MAX_CONCURRENT_REQUESTS and the caller's share."""
+    """JSON sent a slice at a time, each once the socket took the one before: the request keeps its place
+    (SETPO_MAX_CONCURRENT_REQUESTS, the caller's share) until its caller has read the answer or SETPO_WRITE_TIMEOUT
+    drops it (protocol.py)."""
 
     media_type = "application/json"
 

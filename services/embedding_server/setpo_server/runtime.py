@@ -19,24 +19,16 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 
 # What each thread pool reads: OpenMP and MKL (torch's CPU kernels), rayon (the fast tokenizers).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS")
-
-
-# One heap pays where the tokenizer's pool is this small and makes tokenising far slower with many threads (both
-# measured: docs/benchmarks.md, "glibc's heaps"); between, unmeasured, glibc's default is the safe side.
+# One heap pays with a pool this small and slows tokenising with many threads (docs/benchmarks.md, "glibc's heaps")
 ONE_HEAP_MAX_THREADS = 2
 
 
 def keep_freed_memory(device: str, threads: int) -> bool:
-    """Make glibc keep the memory a CPU forward pass frees for the next one; True if it did.
-
-    By default every forward pass's activations came from pages the kernel had to fault in and zero afresh: tensors
-    above a moving mmap threshold were mapped and unmapped each time, the main heap was trimmed whenever twice that
-    threshold lay free at its top, and the forward thread's own heaps were unmapped when they emptied. Hence: one
-    heap for all threads (the forward thread allocates on it too), everything below 32 MB (glibc's largest
-    threshold, above a 2048-token batch's biggest activation) allocated on it, and no automatic trimming: the
-    batcher's own malloc_trim, once a second, bounds resident memory instead (docs/benchmarks.md, "glibc's heaps").
-    But one heap has one lock, and the tokenizer's threads all allocate: only on a CPU (on a GPU the
-    activations are not on the heap) with at most ONE_HEAP_MAX_THREADS threads.
+    """Make glibc keep the memory a CPU forward pass frees for the next one; True if it did. By default each pass's
+    activations came from pages faulted in and zeroed afresh; so: one heap for all threads, everything below 32 MB
+    (above a 2048-token batch's biggest activation) on it, and no automatic trim, the batcher trimming once a second
+    instead (docs/benchmarks.md, "glibc's heaps"). One heap has one lock the tokenizer's threads contend for: only on
+    a CPU with at most ONE_HEAP_MAX_THREADS threads.
     """
     if MALLOPT is None or device != "cpu" or threads > ONE_HEAP_MAX_THREADS:
         return False
@@ -74,8 +66,7 @@ def use_threads(setting: int | str) -> int:
         threads = int(setting)
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
-    # Only a change: called with the count torch already uses, it slowed every forward pass (docs/benchmarks.md,
-    # "torch's thread count"), so torch's own sizing is left alone when it already matches.
+    # only a change: setting the count torch uses slowed every pass (docs/benchmarks.md, "torch's thread count")
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads

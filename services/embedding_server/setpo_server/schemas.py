@@ -1,10 +1,7 @@
-"""The HTTP contract (v1.1, compatible with v1), once: request and response bodies as pydantic models, and the one
-place a request's content is refused.
-
-These models are the source of truth. FastAPI publishes them in /openapi.json, and the client's own types are tested
-against that schema (tests/client/test_schema_drift.py). A body parses with `Served` as pydantic's validation context
-(admission.read_request): then each request's `_within_limits` holds it to the settings' limits and to the contract's
-rules between fields, and a refusal names the field at fault (`Refused`, a 422; 400 on /v1/embeddings).
+"""The HTTP contract (v1.1, compatible with v1) as pydantic models, the source of truth of /openapi.json (the client's
+types are tested against it), and the one place a request's content is refused: a body parses with `Served` as its
+validation context, and each request's `_within_limits` holds it to the settings' limits and the contract's rules
+between fields, naming the field at fault (`Refused`: 422, or 400 on /v1/embeddings).
 """
 
 from dataclasses import dataclass
@@ -18,12 +15,11 @@ from setpo_server.settings import Settings
 
 # JSON numbers only (strict: no "1.5" strings, no booleans), and never NaN or infinity.
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-# The widest embedding row accepted: 4x today's widest embedders. Checked while the body parses, so one group's
-# rows never hold more than 256 x 16384 Python floats before they become an array (docs/reliability.md).
+# The widest embedding row accepted (4x today's widest embedders), checked while the body parses: a group's rows never
+# hold more than 256 x 16384 Python floats (docs/reliability.md).
 MAX_EMBEDDING_DIM = 16384
-# The most one member of a /v1/diversity answer can take: its four numbers (marginal, local mass, advantage, bonus) of
-# at most 24 characters with their separators, within 5 x 24 bytes, and a third of its group's own 160 (a group has
-# MIN_GROUP members or more). /info's max_request_rows keeps an answer within SETPO_MAX_RESPONSE_BYTES by it.
+# The most one member of a /v1/diversity answer takes: four numbers of at most 24 characters with separators (5 x 24)
+# and a share of its group's own 160 bytes (MIN_GROUP members or more). /info's max_request_rows is sized by it.
 ANSWER_BYTES_PER_ROW = 5 * 24 + -(-160 // MIN_GROUP)
 # Per /v1/embeddings vector beside its numbers: its index, the object's name and separators.
 ANSWER_BYTES_PER_VECTOR = 48
@@ -31,8 +27,7 @@ ANSWER_BYTES_PER_VECTOR = 48
 
 @dataclass(frozen=True)
 class Served:
-    """What a request body is held to as it parses (pydantic's validation context): the settings' limits and the
-    served model (the names it answers to, SETPO_SERVED_MODEL_NAME or its own; the path it was loaded from; its width)."""
+    """What a body is held to as it parses (pydantic's validation context): the limits and the served model."""
 
     settings: Settings
     model_names: list[str]
@@ -109,9 +104,8 @@ class Group(BaseModel):
         if self.keys is not None and len(self.keys) != size:
             raise ValueError(f"has {size} members but {len(self.keys)} keys")
         if self.embeddings is not None:
-            # (G, d) float64 as soon as the group is valid: 8 bytes a value where a Python float list holds 32, so
-            # a body of embeddings parses in about half the memory (docs/reliability.md); float64 so extreme norms
-            # survive until cosine_kernel scales each row.
+            # an array at once: 8 bytes a value where a Python float takes 32 (docs/reliability.md); float64 so that
+            # extreme norms survive until cosine_kernel scales each row
             self.embeddings = np.asarray(self.embeddings, dtype=np.float64)  # type: ignore[assignment]
         return self
 

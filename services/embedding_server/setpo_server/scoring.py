@@ -1,6 +1,5 @@
 """The scoring stage: a request's texts become rows once, each group gets its slice of them, and the groups are
-scored in chunks through setpo_core. Its one refusal, advantages that overflow, is schemas.Refused, never an HTTP type.
-One stage per module: docs/development.md, "A request's path through the service".
+scored in chunks through setpo_core. Its one refusal, advantages that overflow, is schemas.Refused.
 """
 
 import torch
@@ -55,11 +54,8 @@ def key_ids(keys: list[str | None] | None, size: int) -> list[int]:
 
 def score_groups(request: DiversityRequest, embedded: Embedded | None, weight: float, shape: str) -> list[GroupResult]:
     """Runs in a worker thread. `embedded` holds the text groups' rows, group after group, in request order.
-
-    Groups are scored in buckets of one size and width, each a padding-free (B, G, d) batch through
-    setpo_core (padding every group to the request's largest would let one big group among thousands of
-    small ones ask for gigabytes), and each bucket in chunks of SCORE_CHUNK_ROWS rows.
-    """
+    Groups are scored in buckets of one size and width, each a (B, G, d) batch without padding (one big group among
+    thousands of small ones must not pad them all), and each bucket in chunks of SCORE_CHUNK_ROWS rows."""
     groups, v1 = request.groups, request.is_v1
     members: list[torch.Tensor | None] = []
     next_row = 0

@@ -15,18 +15,15 @@ from setpo_server.batcher import Batcher
 from setpo_server.settings import Settings
 
 
-def stop_by_signal() -> None:
-    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn stops gracefully on SIGTERM
-
-
 @dataclass
 class ServiceState:
     settings: Settings
     threads: int  # what runtime.use_threads set (reported by /info)
     big_bodies: asyncio.Semaphore  # admission.read_request: big bodies parse a few at a time
     keys: CallerKeys  # the keys accepted now, by caller (auth.require_key); the file's re-read by app's lifespan
-    # how the service stops itself after a fatal failure; `setpo-server` sets uvicorn's graceful exit
-    shutdown: Callable[[], None] = stop_by_signal
+    # how the service stops itself after a fatal failure (uvicorn stops gracefully on SIGTERM); `setpo-server` sets
+    # uvicorn's graceful exit
+    shutdown: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
     batcher: Batcher | None = None  # set once the model is loaded and warm (app.load_model)
     load_error: str | None = None  # why the model did not load
     fatal: str | None = None  # why the service stopped itself (app.stop_process); `setpo-server` then exits 1
