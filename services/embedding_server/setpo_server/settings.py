@@ -40,8 +40,7 @@ class Settings(BaseSettings):
     """Names the server answers to as the model (repeat the flag, or comma-separate); the first names answers. Default: the model's own name."""
     device: str = "auto"
     """auto = cuda when present, else cpu; or any torch device string (cuda:1)."""
-    # bfloat16 is faster on some CPUs with native bfloat16 and slower on others (docs/benchmarks.md, "bfloat16 on a
-    # CPU"): so auto measures (precision.py).
+    # auto measures on CPU: bfloat16 is faster on some CPUs and slower on others (docs/benchmarks.md, precision.py)
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     """auto = float16 on CUDA; on CPU bfloat16 where the CPU runs it natively and a probe at start measures it faster and within bf16-min-cosine of float32, else float32 (/info says which and why)."""
     bf16_min_cosine: Annotated[float, Field(gt=0, le=1)] = 0.9995
