@@ -1,17 +1,8 @@
-"""Sync and async clients for the setpo service: bounded retries, and failover over several replicas (replicas.py),
-in this one layer (docs/service.md, "Several replicas").
-
-A call's attempts: a replica that cannot be reached, or answers 429, 502, 503 or 504, is tried again after a backoff
-with jitter (Retry-After honoured as a floor, up to max_backoff; max_retries counts rounds in which every replica
-failed), and meanwhile the call moves to a replica it has not tried in this round. Any other failure of one replica
-(another 5xx, no answer within the timeout, an answer too large, too late, undecodable or off the contract) is that
-replica's: the call asks, at once, one it has not asked, and raises once none is left. A 3xx or 4xx is raised at once:
-the request (or the URL, or the key) is wrong, and every replica of a deployment would say the same.
-
-An answer is trusted no further than its size and its time: one larger than `max_response_bytes` is refused without
-being read, and every attempt must have its whole answer within the read timeout, however slowly the bytes trickle in.
-A caller with a budget for the whole call, retries and their waits included (SetpoShaper: one step), passes `deadline`
-(time.monotonic() seconds).
+"""Sync and async clients for the setpo service: bounded retries and failover over several replicas (replicas.py), in
+this one layer. A replica that cannot be reached or answers 429/502/503/504 is retried after a backoff; any other
+failure of one replica moves the call to another at once; a 3xx or 4xx is raised at once. An answer is trusted no
+further than its size (`max_response_bytes`) and its time (the read timeout, or the caller's `deadline`, a
+time.monotonic() for the whole call). The rules in full: docs/service.md, "The Python client" and "Several replicas".
 """
 
 import asyncio
@@ -247,19 +238,20 @@ class _BaseClient:
                 f"the client's timeout ({self.timeout}) or the caller's deadline ({received} bytes received)"
             )
 
-    def next_attempt(self, call: Call, deadline: float | None, only: str | None) -> tuple[str, float] | None:
+    def next_attempt(self, call: Call, deadline: float | None, only: str | None) -> tuple[str, float]:
         """The replica of the call's next attempt and the seconds to wait before it (0 for a replica not yet tried
-        in this round), or None when none is left: every one at fault, `rounds` rounds done, or past the deadline."""
+        in this round); raises the call's failure when none is left: every one at fault, `rounds` rounds done, or
+        past the deadline."""
         if call.attempts and deadline is not None and time.monotonic() >= deadline:
-            return None
+            raise self.give_up(call)
         last, url = call.tried[-1] if call.tried else None, self.replicas.pick(call.tried, call.failed, only)
         if url is None:
-            return None
+            raise self.give_up(call)
         delay = 0.0
         if url in call.tried:  # every replica this call may use failed in this round: the next waits its backoff
             delay = backoff_delay(call.retries, self.backoff, self.max_backoff, call.retry_after)
             if call.retries == call.rounds or (deadline is not None and time.monotonic() + delay >= deadline):
-                return None
+                raise self.give_up(call)
             call.retries, call.retry_after, call.tried = call.retries + 1, None, []
         if call.attempts:
             with self.replicas.lock:
@@ -318,13 +310,9 @@ class _BaseClient:
 
 
 class SetpoClient(_BaseClient):
-    """Blocking client. `SetpoClient(url, api_key=..., timeout=...)`; use as a context manager or call close().
-    Thread-safe: a step's requests may be in flight from several threads.
-
-    url defaults to the SETPO_URL environment variable (else http://127.0.0.1:8000), api_key to SETPO_API_KEY, as in
-    every plug-in and the docs; several replicas are several URLs, comma-separated, and `dns:///name:port` is every
-    address the name resolves to (replicas.py). `transport`: httpx's, for every replica.
-    """
+    """Blocking client, thread-safe; use as a context manager or call close(). url defaults to $SETPO_URL (else
+    http://127.0.0.1:8000), api_key to $SETPO_API_KEY; several replicas are several URLs, comma-separated, or
+    `dns:///name:port` (replicas.py). `transport`: httpx's, for every replica."""
 
     def __init__(
         self,
@@ -379,13 +367,11 @@ class SetpoClient(_BaseClient):
                 self.replicas.resolve()
             for due in self.replicas.due():  # asked on a thread of its own: a replica left out costs no call a wait
                 with contextlib.suppress(RuntimeError):  # no thread to be had (shutting down): due again RECHECK_S on
-                    threading.Thread(target=self.recheck, args=(due,), name="setpo-recheck", daemon=True).start()
-            attempt = self.next_attempt(call, deadline, only)
-            if attempt is None:
-                raise self.give_up(call)
-            url, delay = attempt
-            if delay:
-                time.sleep(delay)
+                    threading.Thread(
+                        target=self.probe, args=(due, PROBE_TIMEOUT_S), name="setpo-recheck", daemon=True
+                    ).start()
+            url, delay = self.next_attempt(call, deadline, only)
+            time.sleep(delay)
             try:
                 answer: httpx.Response | Exception = self._attempt(url, method, path, body, deadline)
             except ATTEMPT_ERRORS as exc:
@@ -395,19 +381,13 @@ class SetpoClient(_BaseClient):
                 return result
 
     def probe(self, url: str, timeout: float | httpx.Timeout) -> bool:
+        """Whether a replica's /ready answers 200, recorded. Never raises: a recheck runs on a thread of its own."""
         try:
             spelled, host = self.replicas.route[url]
             status: int | None = self._http[spelled].get(url + "/ready", headers=host, timeout=timeout).status_code
-        except httpx.HTTPError:  # unreachable, too slow, or an answer that cannot be read: not ready
+        except Exception:  # unreachable, too slow, an answer that cannot be read, or the client closed: not ready
             status = None
         return self.replicas.readiness(url, status)
-
-    def recheck(self, url: str) -> None:
-        """probe(), on its own thread: nothing waits for it, nothing may escape it."""
-        try:
-            self.probe(url, PROBE_TIMEOUT_S)
-        except Exception as exc:  # the client was closed meanwhile: there is nothing left to record it for
-            log.debug("setpo replica %s: /ready not asked (%s)", url, exc)
 
     def diversity(
         self,
@@ -419,11 +399,9 @@ class SetpoClient(_BaseClient):
         normalize: Normalize | None = None,
         deadline: float | None = None,
     ) -> DiversityResponse:
-        """Marginals, local masses, set scores (and shaped advantages for groups with rewards). Contract v1.1:
-        `min_reward` scores only members with reward >= it, `kernel` 'embedding' | 'hybrid' | 'key' (groups give
-        `keys`), `normalize` 'none' | 'zscore'; the answer then also has each group's `scored` and `bonus`.
-        An answer that does not fit the groups sent (a group or member missing, a number not finite) is a
-        SetpoAPIError, and that replica's fault."""
+        """Marginals, local masses, set scores (and shaped advantages for groups with rewards); with contract v1.1's
+        `min_reward`, `kernel` or `normalize` (docs/service.md) also each group's `scored` and `bonus`. An answer that
+        does not fit the groups sent is a SetpoAPIError, and that replica's fault."""
         body, sizes, v11 = diversity_request(groups, weight, min_reward, kernel, normalize)
         read = partial(diversity_answer, sizes, v11, weight)
         return self._request("POST", "/v1/diversity", read, body, deadline)
@@ -545,15 +523,11 @@ class AsyncSetpoClient(_BaseClient):
             if self.replicas.resolve_due():
                 await asyncio.to_thread(self.replicas.resolve)  # getaddrinfo blocks: never on the event loop
             for due in self.replicas.due():  # asked in a task of its own: a replica left out costs no call a wait
-                task = asyncio.create_task(self.recheck(due))
+                task = asyncio.create_task(self.probe(due, PROBE_TIMEOUT_S))
                 self._rechecks.add(task)  # held until done (the loop keeps only weak references); cancelled by close()
                 task.add_done_callback(self._rechecks.discard)
-            attempt = self.next_attempt(call, deadline, only)
-            if attempt is None:
-                raise self.give_up(call)
-            url, delay = attempt
-            if delay:
-                await asyncio.sleep(delay)
+            url, delay = self.next_attempt(call, deadline, only)
+            await asyncio.sleep(delay)
             try:
                 answer: httpx.Response | Exception = await self._attempt(url, method, path, body, deadline)
             except ATTEMPT_ERRORS as exc:
@@ -568,16 +542,9 @@ class AsyncSetpoClient(_BaseClient):
             status: int | None = (
                 await self._http[spelled].get(url + "/ready", headers=host, timeout=timeout)
             ).status_code
-        except httpx.HTTPError:  # unreachable, too slow, or an answer that cannot be read: not ready
+        except Exception:  # as SetpoClient.probe: a recheck's task must not fail
             status = None
         return self.replicas.readiness(url, status)
-
-    async def recheck(self, url: str) -> None:
-        """probe(), in its own task: nothing awaits it, nothing may escape it."""
-        try:
-            await self.probe(url, PROBE_TIMEOUT_S)
-        except Exception as exc:  # the client was closed meanwhile: there is nothing left to record it for
-            log.debug("setpo replica %s: /ready not asked (%s)", url, exc)
 
     async def diversity(
         self,

@@ -39,10 +39,13 @@ def text_chars(info: Info, max_chars: int | None = None) -> int:
     return min(info.limits.max_text_chars, max_chars or info.truncate_chars or 8 * info.max_tokens)
 
 
-def check_group(payload: dict) -> None:
-    """ValueError saying why a group cannot be sent by its own members' fault: a text that is not text, a vector that
-    is not a flat list of numbers of the group's length, a key neither text nor None, or rewards whose squares
-    overflow (the service's advantages would). NaN, infinity and lone surrogates are found where it is encoded."""
+def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int) -> tuple[bytes, list[str]] | None:
+    """(the group's JSON, its texts as sent) within the limits, or None when it cannot be sent whole: too few or too many
+    members or texts, a key too long (cutting a key would change which solution it names), or over the budget (the
+    most one group's JSON may take of a body) even with its texts cut to their share of it. Encoded once; twice when
+    its texts must be cut by bytes. ValueError saying why the group's own members cannot be sent: a text that is not
+    text, a vector that is not a flat list of numbers of the group's length, a key neither text nor None, rewards whose
+    squares overflow (the service's advantages would), or NaN, infinity and lone surrogates (found as it is encoded)."""
     texts, rows, keys, rewards = (payload.get(name) for name in ("texts", "embeddings", "keys", "rewards"))
     if texts is not None and not all(isinstance(text, str) for text in texts):
         raise ValueError("a member is not text")
@@ -54,15 +57,7 @@ def check_group(payload: dict) -> None:
         raise ValueError("a solution key is neither text nor None")
     if rewards is not None and not math.isfinite(sum(r * r for r in rewards)):
         raise ValueError("rewards too large: their squares overflow, and so would the group's advantages")
-
-
-def fit_group(payload: dict, size: int, limits: Limits, chars: int, budget: int) -> tuple[bytes, list[str]] | None:
-    """(the group's JSON, its texts as sent) within the limits, or None when it cannot be sent whole: too few or too many
-    members or texts, a key too long (cutting a key would change which solution it names), or over the budget (the
-    most one group's JSON may take of a body) even with its texts cut to their share of it. Encoded once; twice when
-    its texts must be cut by bytes. ValueError: the group's own members cannot be sent (check_group, encoding)."""
-    check_group(payload)
-    keys, texts = payload.get("keys") or [], payload.get("texts")
+    keys = keys or []
     if not MIN_GROUP <= size <= largest_group(limits) or any(
         key is not None and len(key) > limits.max_text_chars for key in keys
     ):
@@ -150,13 +145,11 @@ def pack(
         indices.append(index)
         sizes.append(rows)
         bodies.append(body)
-        rows_in, bytes_in, texts_in, tokens_in, part_in = (
-            rows_in + rows,
-            bytes_in + 1 + len(body),
-            texts_in + texts,
-            tokens_in + tokens,
-            part,
-        )
+        rows_in += rows
+        bytes_in += 1 + len(body)
+        texts_in += texts
+        tokens_in += tokens
+        part_in = part
     return requests
 
 

@@ -12,15 +12,13 @@ from a name to its spelling, so that a refusal names what its user has to change
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from setpo_client.keys import load_key
+from setpo_client.types import Advantage, Combine, Kernel, Normalize
 from setpo_client.weight import WeightController
 
-KERNELS = ("embedding", "hybrid", "key")
-NORMALIZATIONS = ("none", "zscore")
-ADVANTAGES = ("framework", "maxrl", "w_reinforce")  # the base: the framework's own, or one of setpo_core.advantages
-COMBINATIONS = ("add", "reshare")
+KERNELS, NORMALIZATIONS, ADVANTAGES, COMBINATIONS = (get_args(kind) for kind in (Kernel, Normalize, Advantage, Combine))
 # WeightController's knobs: they steer lambda, so they mean nothing without target_ratio
 CONTROLLER_SETTINGS = ("min_weight", "max_weight", "weight_ema", "warmup_steps", "freeze_after")
 
@@ -34,11 +32,9 @@ def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = 
     controller knob without target_ratio, a controller asked to steer a lambda of 0."""
     kernel, key, min_reward = settings.get("kernel") or "embedding", settings.get("key"), settings.get("min_reward")
     normalize, embed_span = settings.get("normalize") or "none", settings.get("embed_span") or None
-    check_form(kernel, normalize, min_reward, spell)
-    check_span(embed_span, kernel, spell)
     advantage, combine = settings.get("advantage") or "framework", settings.get("combine") or "add"
     positive_weight = 0.1 if settings.get("positive_weight") is None else settings["positive_weight"]
-    check_combination(advantage, combine, normalize, positive_weight, spell)
+    check_form(kernel, normalize, min_reward, embed_span, advantage, combine, positive_weight, spell)
     if isinstance(key, str):
         try:
             key = load_key(key)  # loaded now: a typo stops the start
@@ -63,21 +59,39 @@ def diversity_policy(settings: Mapping[str, Any], spell: Callable[[str], str] = 
     }
 
 
-def check_form(kernel: str, normalize: str, min_reward: float | None, spell: Callable[[str], str] = str) -> None:
-    """The values SetpoShaper takes for these three (it calls this too); a refusal names each as `spell` does."""
+def check_form(
+    kernel: str,
+    normalize: str,
+    min_reward: float | None,
+    embed_span: str | None,
+    advantage: str,
+    combine: str,
+    positive_weight: float,
+    spell: Callable[[str], str] = str,
+) -> None:
+    """The values SetpoShaper takes for these (it calls this too); a refusal names each as `spell` does. embed_span,
+    the part of each response embedded: a regular expression with at most one group (its last match is embedded),
+    unused under kernel=key, which embeds nothing. Re-sharing turns the bonus into weights 1 + lambda * z, so it needs
+    z-scored marginals; positive_weight is W-REINFORCE's lambda."""
     if kernel not in KERNELS:
         raise ValueError(f"{spell('kernel')} must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"{spell('normalize')} must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     if min_reward is not None and not math.isfinite(min_reward):
         raise ValueError(f"{spell('min_reward')} must be a finite number, got {min_reward}")
-
-
-def check_combination(
-    advantage: str, combine: str, normalize: str, positive_weight: float, spell: Callable[[str], str] = str
-) -> None:
-    """The base and how the bonus combines with it (SetpoShaper calls this too): re-sharing turns the bonus into
-    weights 1 + lambda * z, so it needs z-scored marginals; positive_weight is W-REINFORCE's lambda."""
+    if embed_span is not None:
+        try:
+            groups = re.compile(embed_span).groups
+        except re.error as exc:
+            raise ValueError(f"{spell('embed_span')} {embed_span!r} is not a regular expression: {exc}") from exc
+        if groups > 1:
+            raise ValueError(
+                f"{spell('embed_span')} {embed_span!r} has {groups} groups: give at most one (what is embedded)"
+            )
+        if kernel == "key":
+            raise ValueError(
+                f"{spell('embed_span')} chooses what is embedded; {spell('kernel')}=key embeds nothing: drop one"
+            )
     if advantage not in ADVANTAGES:
         raise ValueError(f"{spell('advantage')} must be one of {', '.join(ADVANTAGES)}, got {advantage!r}")
     if combine not in COMBINATIONS:
@@ -88,25 +102,6 @@ def check_combination(
         )
     if not (math.isfinite(positive_weight) and positive_weight > 0):
         raise ValueError(f"{spell('positive_weight')} must be a finite number > 0, got {positive_weight}")
-
-
-def check_span(embed_span: str | None, kernel: str, spell: Callable[[str], str] = str) -> None:
-    """embed_span, the part of each response that is embedded: a regular expression with at most one group (its
-    last match is embedded: the group, or the whole match); kernel=key embeds nothing, so there it would be unused."""
-    if embed_span is None:
-        return
-    try:
-        groups = re.compile(embed_span).groups
-    except re.error as exc:
-        raise ValueError(f"{spell('embed_span')} {embed_span!r} is not a regular expression: {exc}") from exc
-    if groups > 1:
-        raise ValueError(
-            f"{spell('embed_span')} {embed_span!r} has {groups} groups: give at most one (what is embedded)"
-        )
-    if kernel == "key":
-        raise ValueError(
-            f"{spell('embed_span')} chooses what is embedded; {spell('kernel')}=key embeds nothing: drop one"
-        )
 
 
 def check_steerable(weight: float, spell: Callable[[str], str] = str) -> None:

@@ -10,14 +10,9 @@ the weight, the step's timing and its setpo/* metrics (docs/service.md, "The Pyt
     step = shaper.shape(texts_per_group, rewards=..., advantages=...)   # late, where the advantages are combined
     train_on(step.advantages); logger.log(step.metrics)
 
-A member may be None (padding, a rejected sample): not scored, bonus 0. `shape` collects the step submitted early only
-if it is this step (the same members, rewards and keys), else scores these groups now; `score` is both at once.
-
-The degrade policy: a group with fewer than 3 scorable members (or 3 reaching min_reward), more than the service
-takes, or members it cannot carry (a text that is not text, NaN, rewards that overflow) gets bonus 0 and is counted;
-the rest is shaped. Any other failure (unreachable, an error answer, an answer off the contract, chunks scored by two
-models, a key function that raises) is the step's: on_error="skip" trains it with lambda = 0, counted
-(setpo/fallback_steps) and logged with the service's message; "fail" stops training with that message.
+A member may be None (padding, a rejected sample): not scored, bonus 0. The degrade policy: a group the service cannot
+score gets bonus 0 and is counted; any other failure is the step's: on_error="skip" trains it with lambda = 0
+(setpo/fallback_steps), "fail" stops training (docs/service.md, "Trainer integrations": degrading).
 """
 
 import contextlib
@@ -35,7 +30,7 @@ from typing import Literal
 from setpo_client.client import SetpoClient
 from setpo_client.errors import SetpoError
 from setpo_client.fitting import MIN_GROUP, Chunk, fit_step, largest_group, text_chars
-from setpo_client.policy import check_combination, check_form, check_span, check_steerable
+from setpo_client.policy import check_form, check_steerable
 from setpo_client.types import Advantage, Combine, GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
@@ -43,15 +38,13 @@ __all__ = ["MIN_GROUP", "PendingStep", "SetpoShaper", "ShapedStep", "largest_gro
 log = logging.getLogger("setpo_client")
 
 OnError = Literal["skip", "fail"]
-# Requests in flight per replica by default: a second one to the same process gains nothing, on a GPU or on CPU
-# cores its one model already uses (docs/benchmarks.md, "How replicas scale").
+# a second request in flight to one replica gains nothing (docs/benchmarks.md, "How replicas scale")
 IN_FLIGHT_PER_REPLICA = 1
 
 
 @dataclass
 class PendingStep:
-    """A step submitted to SetpoShaper.submit: its members, rewards and keys (copied), what its work found, and its
-    work in flight."""
+    """A step submitted to SetpoShaper.submit: its members, rewards and keys (copied), counts and work in flight."""
 
     groups: list[list]
     scorable: list[list[int]]
@@ -76,14 +69,12 @@ class ShapedStep:
 
 
 class SetpoShaper:
-    """Scores one training step's groups under the diversity policy, the service's limits (learned from /info) and
-    the degrade policy above. max_chars caps each text further (its beginning is kept, as the server keeps the
-    beginning when it truncates tokens); by default texts are cut to what the service keeps. in_flight: requests in
-    flight at once (default: IN_FLIGHT_PER_REPLICA for each of the client's replicas; never more than /info's
-    max_concurrent_requests and max_requests_per_caller admit); 1 sends a step's requests in turn.
-    advantage: 'framework' (the caller's advantages), or 'maxrl' / 'w_reinforce', computed here from the step's
-    pass/fail rewards (positive_weight: W-REINFORCE's lambda; a reward neither 0 nor 1 is a ValueError); combine: 'add'
-    (A + bonus, the paper's) or 'reshare' (the bonus re-shares the base's positive push; normalize='zscore')."""
+    """Scores one training step's groups under the diversity policy, the service's limits and the degrade policy.
+    max_chars caps each text further (its beginning kept, as the server keeps it); in_flight: requests in flight at
+    once (default one per replica, within /info's max_concurrent_requests and max_requests_per_caller). advantage:
+    'framework' (the caller's advantages), or 'maxrl' / 'w_reinforce' from the step's pass/fail rewards
+    (positive_weight: W-REINFORCE's lambda); combine: 'add' (A + bonus, the paper's) or 'reshare' (the bonus re-shares
+    the base's positive push; normalize='zscore')."""
 
     def __init__(
         self,
@@ -108,9 +99,7 @@ class SetpoShaper:
             raise ValueError(f"weight (lambda) must be a finite number >= 0, got {weight}")
         if on_error not in ("skip", "fail"):
             raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
-        check_form(kernel, normalize, min_reward)
-        check_span(embed_span, kernel)
-        check_combination(advantage, combine, normalize, positive_weight)
+        check_form(kernel, normalize, min_reward, embed_span, advantage, combine, positive_weight)
         if advantage != "framework" or combine != "add":
             import setpo_core.advantages  # noqa: F401  (their math: a missing setpo-core fails here, not at a step)
         if in_flight is not None and in_flight < 1:
@@ -143,12 +132,10 @@ class SetpoShaper:
         spell: Callable[[str], str] = str,
         ready_timeout: float = 120.0,
     ) -> Info:
-        """What every plug-in proves at start, before any worker starts (after its own check that its hook took):
-        its groups can be scored (group_size >= 3), by an advantage estimator SetPO supports (when the framework
-        has a choice), and check(): the service is ready, accepts the key, speaks contract 1.1 and tells its
-        limits, which take groups of group_size and texts of max_chars. ValueError for the plug-in's settings,
-        SetpoError for the service; each names what to change as the plug-in's user spells it (spell('group_size'),
-        spell('estimator'), spell('max_chars'))."""
+        """What every plug-in proves before any worker starts: its groups can be scored (group_size >= 3), by an
+        estimator SetPO supports (when the framework has a choice), and check() passes with limits that take groups
+        of group_size and texts of max_chars. ValueError for the plug-in's settings, SetpoError for the service;
+        each names what to change as the plug-in's user spells it (`spell`)."""
         if group_size < MIN_GROUP:
             raise ValueError(
                 f"SetPO needs {spell('group_size')} >= {MIN_GROUP} (leave-one-out marginals), got {group_size}"
@@ -218,12 +205,10 @@ class SetpoShaper:
         started: float | None = None,
     ) -> PendingStep:
         """Starts scoring a step early, so that the framework's own work hides SetPO's: groups, per prompt, its
-        responses as texts (embedded by the service) or embedding vectors, a member None when it is not scorable;
-        rewards, the same shape (needed with min_reward); keys, the same shape, solution keys when the caller knows
-        them (default: the key function's). The step's requests run on a thread of their own; its members are copied,
-        so the caller may reuse its lists. One step at a time: an earlier step still uncollected is dropped (its thread
-        waited for, logged, setpo/dropped_steps), so no thread outlives its step and no answer reaches another step.
-        started: when the caller's SetPO work for this step began (decoding included), for setpo/time_s."""
+        responses as texts or embedding vectors (None: not scorable); rewards and keys the same shape (rewards needed
+        with min_reward; keys default to the key function's). The requests run on a thread of their own, on a copy.
+        One step at a time: an earlier step still uncollected is dropped (its thread waited for, logged,
+        setpo/dropped_steps). started: when the caller's SetPO work for this step began, for setpo/time_s."""
         start = time.perf_counter() if started is None else started
         if self.min_reward is not None and rewards is None:
             raise ValueError("min_reward scores members by reward: pass the step's rewards to score()")
@@ -257,8 +242,8 @@ class SetpoShaper:
         the same shape, for the base 'framework', the controller and setpo/bonus_ratio). The one rule for "is this
         the step submitted early?": the step submitted is collected if it has the same members in the same groups,
         the same rewards where it was sent rewards and the same keys; else it is dropped (logged,
-        setpo/dropped_steps) and these groups are scored now. started: when the caller's SetPO work here began
-        (reading its batch back, decoding), counted as blocked."""
+        setpo/dropped_steps) and these groups are scored now, as they are with nothing submitted (`score`).
+        started: when the caller's SetPO work here began (reading its batch back, decoding), counted as blocked."""
         pending = self.pending
         if pending is not None:
             same = pending.groups == [list(group) for group in groups] and pending.keys == (
@@ -267,18 +252,9 @@ class SetpoShaper:
             if same and (pending.rewards is None or rewards is None or numbers(pending.rewards) == numbers(rewards)):
                 return self.collect(pending, advantages, started, rewards)
             self.drop(pending, "was for other members or rewards than the step shaped; scoring this step now")
-        return self.score(groups, rewards, advantages, keys, started)
-
-    def score(
-        self,
-        groups: Sequence[Sequence],
-        rewards: Sequence[Sequence[float]] | None = None,
-        advantages: Sequence[Sequence[float]] | None = None,
-        keys: Sequence[Sequence[str | None]] | None = None,
-        started: float | None = None,
-    ) -> ShapedStep:
-        """submit() and shape() at once: these groups, scored now."""
         return self.collect(self.submit(groups, rewards, keys, started), advantages)
+
+    score = shape  # submit() and shape() at once, for a caller with nothing to hide the requests behind
 
     def deadline(self, started: float) -> float | None:
         """When a step whose SetPO work began at `started` (time.perf_counter()) must be done, as time.monotonic()
@@ -316,10 +292,9 @@ class SetpoShaper:
         since: float | None = None,
         rewards: Sequence[Sequence[float]] | None = None,
     ) -> ShapedStep:
-        """Waits for the step submitted (self.pending) for its answers, then applies the fault policy, puts the bonus back
-        onto the members, combines it with the base, steps the controller and times the step. since: when the caller's
-        own SetPO work before this call began, counted as blocked. rewards: the step's, for the base, when submit had
-        none."""
+        """The step submitted, answered: the fault policy, the bonus back onto the members and combined with the
+        base, the controller stepped, the step timed. since: when the caller's own SetPO work before this call began
+        (counted as blocked); rewards: the step's, for the base, when submit had none."""
         self.pending = None
         waiting = time.perf_counter()
         reading = 0.0 if since is None else waiting - since  # the caller's work at collect, before this call
@@ -408,10 +383,9 @@ class SetpoShaper:
     def send_chunks(
         self, chunks: list[Chunk], weight: float, counts: dict[str, int], deadline: float | None, in_flight: int
     ) -> list[tuple[int, GroupResult]]:
-        """The step's chunks, `in_flight` at a time, within its deadline (a chunk one replica fails, the client asks
-        of another); (group index, the service's answer) for every group, in the chunks' order whatever order the
-        answers came in, all of one model. A failure fails the step: the chunks not yet sent are cancelled, those in
-        flight waited for (each bounded by the deadline)."""
+        """(group index, the service's answer) for every group of the chunks, sent `in_flight` at a time within the
+        deadline, in the chunks' order, all of one model. A failure fails the step: the chunks not yet sent are
+        cancelled, those in flight waited for (each bounded by the deadline)."""
         counting = threading.Lock()  # the chunks count as they go: a step that fails reports what it did too
 
         def send(chunk: Chunk) -> tuple[str, list[tuple[int, GroupResult]]]:
@@ -479,7 +453,7 @@ class SetpoShaper:
         members = [(index, row) for index, rows in enumerate(scorable) for row in rows]
         metrics = {
             "setpo/duplicate_share": duplicate_share(
-                [[hashable(group[row]) for row in rows] for group, rows in zip(groups, scorable)]
+                [[group[row] for row in rows] for group, rows in zip(groups, scorable)]
             ),
             "setpo/active": 1.0 if any(result.scored for _, result in scored) else 0.0,
             "setpo/weight": step.weight if marginals is not None else 0.0,  # the lambda this step applied
@@ -562,15 +536,11 @@ def combined(advantages: Sequence[Sequence[float]], bonus: list[list[float]], co
 
 
 def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Sequence[float]) -> bool:
-    """Whether the bonus would set a group's members apart, from the texts alone (no request). With all rewards
-    equal (the groups DAPO's dynamic sampling drops) GRPO's advantage is 0 for every member, so the shaped one is
-    lambda * s_i (lambda * zscore(s)): it differs exactly when the marginals do. That needs MIN_GROUP scorable
-    members in scope (reward >= min_reward) that the kernel tells apart. Members with one text (its embed_span
-    span), or one key under the key kernel, are a cluster: a marginal depends on its cluster's size and, for the
-    embedding kernel, on the cosines between clusters, which differ with 3 or more of them (save a measure-zero
-    symmetry). Clusters all of one size (one answer repeated, all keys different, two answers twice each) give equal
-    marginals, as does one key shared by all under the hybrid kernel. False with weight 0, and under combine='reshare'
-    but with the w_reinforce base: re-sharing moves a positive advantage, which equal rewards have under it alone."""
+    """Whether the bonus would set apart the members of a group of equal rewards (which DAPO drops: its shaped
+    advantage is lambda * s_i alone), from the texts alone (no request; docs/trl-and-verl.md, "DAPO's dynamic
+    sampling"). Members with one text (span), or one key under the key kernel, are a cluster: a marginal depends on
+    its cluster's size and, for the embedding kernel, on the cosines between clusters, which differ with 3 or more of
+    them; clusters all of one size give equal marginals, as does one key shared by all under the hybrid kernel."""
     floor = shaper.min_reward
     scope = [text for text, reward in zip(texts, rewards) if text is not None and (floor is None or reward >= floor)]
     pushed = shaper.combine == "add" or shaper.advantage == "w_reinforce"
@@ -583,7 +553,7 @@ def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Seque
             compared = [key if key is not None else (row,) for row, key in enumerate(keys)]
         elif keys[0] is not None and keys.count(keys[0]) == len(keys):
             return False
-    if shaper.embed_span is not None:  # never with the key kernel (check_span)
+    if shaper.embed_span is not None:  # never with the key kernel (check_form)
         compared = [shaper.span_of(text, {"span_missing": 0}) for text in scope]
     sizes = {compared.count(member) for member in compared}
     return len(sizes) > 1 or (shaper.kernel != "key" and len(set(compared)) > 2)
@@ -598,13 +568,8 @@ def rms(values: Sequence[float]) -> float:
     return math.sqrt(math.fsum(v * v for v in values) / len(values)) if values else 0.0
 
 
-def hashable(member: object) -> object:
-    """A member as a set element: texts as they are, anything else by its repr (vectors, or whatever was passed)."""
-    return member if isinstance(member, str) else repr(member)
-
-
 def duplicate_share(groups: Sequence[Sequence]) -> float:
-    """Share of responses that exactly repeat an earlier response of their own group (texts or vectors)."""
+    """Share of responses that exactly repeat an earlier response of their own group (texts, or vectors by repr)."""
     total = sum(len(group) for group in groups)
-    repeats = sum(len(group) - len(set(group)) for group in groups)
+    repeats = sum(len(group) - len({m if isinstance(m, str) else repr(m) for m in group}) for group in groups)
     return repeats / total if total else 0.0

@@ -1,7 +1,8 @@
 """The wire types of the setpo HTTP contract (v1.1, compatible with v1), as the client sees them.
 
 The server's pydantic models are the source of truth; tests/client/test_schema_drift.py checks that every
-model here has the same fields, types and required set as the server's /openapi.json. Responses ignore
+model here has the same fields, types and required set as the server's /openapi.json, but for the fields a newer server
+reports and an older one lacks ("newer servers only"): optional here, so this client works with both. Responses ignore
 unknown fields, so a newer server that adds a field does not break an older client, and are read strictly: a number is
 a JSON number, never a string or a boolean converted (a replica that answers so is off the contract).
 """
@@ -12,26 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Fields a newer server reports and an older one lacks: optional here, so this client works with both (the
-# schema drift test holds them to the server's types).
-NEWER_SERVER_FIELDS = {
-    "Limits": {
-        "max_request_rows",
-        "max_embedding_inputs",
-        "max_queue_tokens",
-        "max_concurrent_requests",
-        "max_requests_per_caller",
-        "receive_timeout",
-        "header_timeout",
-        "max_header_bytes",
-        "write_timeout",
-        "max_response_bytes",
-    },
-    "Info": {"threads", "truncate_chars", "contract", "dtype_reason"},
-}
 Kernel = Literal["embedding", "hybrid", "key"]
 Normalize = Literal["none", "zscore"]
-Advantage = Literal["framework", "maxrl", "w_reinforce"]  # SetpoShaper's base (setpo_client.policy.ADVANTAGES)
+Advantage = Literal["framework", "maxrl", "w_reinforce"]  # the base: the framework's own, or setpo_core.advantages
 Combine = Literal["add", "reshare"]
 
 
@@ -139,7 +123,7 @@ class Limits(_Response):
     max_body_bytes: int
     max_batch_tokens: int
     max_queue_texts: int
-    # newer servers only (NEWER_SERVER_FIELDS): None from an older one; the shaper then splits by max_groups and body size alone
+    # newer servers only: None from an older one; the shaper then splits by max_groups and body size alone
     max_request_rows: int | None = None
     max_embedding_inputs: int | None = None
     max_queue_tokens: int | None = None

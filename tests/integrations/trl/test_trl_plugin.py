@@ -50,6 +50,7 @@ def make_trainer(
     reward_funcs=varied_reward,
     beta=0.0,
     weight=WEIGHT,
+    prompts=PROMPTS * 4,
     **config,
 ):
     args = GRPOConfig(
@@ -63,15 +64,14 @@ def make_trainer(
         logging_steps=1,
         report_to=[],
         use_cpu=True,
-        save_strategy="no",
         seed=0,
-        **config,
+        **{"save_strategy": "no", **config},
     )
     return SetpoGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
         rollout_func=rollout_func,
         setpo_client=client,
         setpo_weight=weight,

@@ -11,6 +11,7 @@ from trl import GRPOConfig, GRPOTrainer
 from setpo_client.integrations.replay import ReplayBank
 from setpo_client.integrations.trl import SetpoGRPOTrainer
 from tests.integrations.trl import spy as trl_spy
+from tests.integrations.trl.test_trl_plugin import make_trainer as plugin_trainer
 from tests.tiny_model import tiny_llama
 
 PROMPTS = ["What is 2 + 3?", "Name a prime number."]
@@ -26,32 +27,12 @@ def even_length(completions, **kwargs):
     return [float(len(c) % 2 == 0) for c in completions]
 
 
-def make_trainer(model, client, tmp_path, max_steps=2, threshold=0.9, **config):
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=12,
-        max_steps=max_steps,
-        learning_rate=1e-4,
-        beta=0.0,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        **{"save_strategy": "no", **config},
-    )
-    return SetpoGRPOTrainer(
-        model=model,
-        reward_funcs=even_length,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 8}),
-        setpo_client=client,
-        setpo_weight=0.5,
-        setpo_min_reward=1.0,
-        setpo_normalize="zscore",
-        setpo_replay_weight=0.1,
-        setpo_replay_threshold=threshold,
+def make_trainer(model, client, tmp_path, **config):
+    """test_trl_plugin's trainer, banking the answers that reach reward 1 (even length)."""
+    replay = {"setpo_replay_weight": 0.1, "setpo_replay_threshold": 0.9}
+    policy = {"setpo_min_reward": 1.0, "setpo_normalize": "zscore", **replay}
+    return plugin_trainer(
+        model, client, tmp_path, reward_funcs=even_length, prompts=PROMPTS * 8, setpo_policy=policy, **config
     )
 
 

@@ -6,10 +6,6 @@ lives with the trainer and its checkpoints, never in the service.
     bank = ReplayBank(capacity=16, threshold=0.9)            # threshold: cosine; None: exact-text dedup only
     bank.admit(step_candidates, embed=lambda texts: ...)    # after each step's rewards: the correct answers
     loss = loss + alpha * replay_loss(model, prompt_ids, prompt_mask, bank)
-
-Admission: a candidate is admitted to its prompt's bank when no banked answer (nor one admitted before it in the same
-step) has the same text or, given embeddings, a cosine similarity at or above the threshold; a full bank admits
-nothing more (answers are never replaced). Without embeddings (the service failed) only exact text is compared.
 """
 
 from collections.abc import Callable, Sequence
@@ -36,8 +32,10 @@ class ReplayBank:
     def admit(
         self, candidates: Sequence[tuple[Key, list[int], str]], embed: Callable[[list[str]], list[list[float]]] | None
     ) -> int:
-        """Admits the candidates (prompt, completion ids, text) that differ from their prompt's bank; the number
-        admitted. embed: texts -> vectors (the service's embeddings), or None for exact-text dedup."""
+        """Admits the candidates (prompt, completion ids, text) that differ from their prompt's bank and from those
+        admitted before them (the same text, or given embeddings a cosine at or above the threshold); the number
+        admitted. A full bank admits nothing more (answers are never replaced). embed: texts -> vectors (the service's
+        embeddings), or None (the service failed) for exact-text dedup."""
         fresh = [
             (key, ids, text)
             for key, ids, text in candidates
@@ -46,7 +44,8 @@ class ReplayBank:
         ]
         vectors: list[list[float] | None] = [None] * len(fresh)
         if fresh and embed is not None and self.threshold is not None:
-            vectors = [unit(v) for v in embed([text for _, _, text in fresh])]
+            found = torch.tensor(embed([text for _, _, text in fresh]), dtype=torch.float64)  # (N, D)
+            vectors = torch.nn.functional.normalize(found, dim=-1).tolist()  # unit length; a zero vector stays 0
         admitted = 0
         for (key, ids, text), vector in zip(fresh, vectors):
             bank = self.prompts.setdefault(key, [])
@@ -71,11 +70,6 @@ class ReplayBank:
     def load_state_dict(self, state: dict) -> None:
         self.capacity, self.threshold = state["capacity"], state["threshold"]
         self.prompts = {tuple(key): [Banked(**b) for b in bank] for key, bank in state["prompts"]}
-
-
-def unit(vector: Sequence[float]) -> list[float]:
-    norm = sum(x * x for x in vector) ** 0.5
-    return [x / norm for x in vector] if norm > 0 else [0.0 for _ in vector]
 
 
 def similar(a: list[float] | None, b: list[float] | None, threshold: float | None) -> bool:

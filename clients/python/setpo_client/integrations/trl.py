@@ -1,17 +1,13 @@
 """SetPO for TRL's GRPOTrainer: each completion's advantage is TRL's (or the base `setpo_advantage` names) combined
-with the service's bonus, lambda * s_i; nothing else changed (docs/trl-and-verl.md, "TRL", says how to use it).
+with the service's bonus, lambda * s_i; nothing else changed. How to use it and what it hooks: docs/trl-and-verl.md,
+"TRL".
 
     trainer = SetpoGRPOTrainer(setpo_client=SetpoClient(url), setpo_weight=0.05, setpo_on_error="skip",
                                model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...)
 
-The setpo_* settings are SetpoShaper's (setpo_client.policy checks them), plus replay (setpo_replay_*: a bank per
-prompt of verified distinct completions, replayed beside the loss and saved with every checkpoint). The hook is TRL's
-own seam: `_generate_and_score_completions` computes the group advantages over every process's completions and keeps
-this process's slice. The forms that need no reward are submitted from the end of TRL's `_generate`, so that TRL's
-log-prob passes and reward functions hide the requests; the step is shaped after TRL's advantages, from the texts the
-loss trains on (completion_mask * tool_mask), gathered in TRL's order, on rank 0 (SetpoShaper.shape), and the result
-is broadcast. A completion every reward function declined (None) keeps TRL's advantage, 0. The service's key comes
-from $SETPO_API_KEY (SetpoClient's default): never put it in GRPOConfig, which TRL prints and sends to its trackers.
+The setpo_* settings are SetpoShaper's (setpo_client.policy checks them), plus replay (setpo_replay_*, replay.py).
+The service's key comes from $SETPO_API_KEY (SetpoClient's default): never put it in GRPOConfig, which TRL prints and
+sends to its trackers.
 """
 
 import json
@@ -119,6 +115,11 @@ class SetpoGRPOTrainer(GRPOTrainer):
         self.setpo_rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         return rewards_per_func
 
+    @staticmethod
+    def trained_mask(output: dict) -> torch.Tensor:
+        """The tokens the loss trains on: tool and environment output (tool_mask 0) and padding left out. (B, C)"""
+        return output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+
     def completion_text(self, ids, trained) -> str | None:
         """A completion as SetPO embeds it: only the tokens the loss trains on (trained: TRL's mask, 0 for tool
         and environment output and padding); None when the loss trains on none of it."""
@@ -155,8 +156,7 @@ class SetpoGRPOTrainer(GRPOTrainer):
         if not self.model.training:  # evaluation: advantages are not trained on
             return output
         started = time.perf_counter()
-        # the tokens the loss trains on: tool and environment output (tool_mask 0) and padding are left out
-        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        mask = self.trained_mask(output)
         texts = gather_object([self.completion_text(ids, row) for ids, row in zip(output["completion_ids"], mask)])
         advantages = gather_object(output["advantages"].tolist())  # TRL's, every process's, in the same order
         local = len(output["advantages"])
@@ -212,13 +212,10 @@ class SetpoGRPOTrainer(GRPOTrainer):
         """Replay: this step's completions whose reward reaches setpo_min_reward go to their prompt's bank when they
         differ from it, on the main process (one embeddings request); every process then holds the same bank."""
         assert self.setpo_replay is not None and self.setpo_rewards is not None
-        mask = (
-            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
-        )
         keys = prompt_keys(output["prompt_ids"], output["prompt_mask"])
         local = [
             (key, ids[row.bool()].tolist(), self.completion_text(ids, row))
-            for key, ids, row in zip(keys, output["completion_ids"], mask)
+            for key, ids, row in zip(keys, output["completion_ids"], self.trained_mask(output))
         ]
         candidates = gather_object(local)  # every process's, in TRL's gather order, as the rewards
         floor = self.setpo.min_reward
@@ -228,7 +225,9 @@ class SetpoGRPOTrainer(GRPOTrainer):
         if self.accelerator.is_main_process:
             failed = 0.0
             try:
-                admitted = self.setpo_replay.admit(verified, self.setpo_embed)
+                admitted = self.setpo_replay.admit(
+                    verified, lambda texts: [item.floats() for item in self.setpo.client.embeddings(texts).data]
+                )
             except SetpoError as exc:  # the service's trouble costs the step its embeddings, not the run
                 log.warning("SetPO replay: embeddings failed (%s); this step's answers are compared by text", exc)
                 admitted, failed = self.setpo_replay.admit(verified, None), 1.0
@@ -240,9 +239,6 @@ class SetpoGRPOTrainer(GRPOTrainer):
         metrics["setpo/replay_bank_size"] = float(self.setpo_replay.size())
         for name, value in metrics.items():
             self._metrics["train"][name].append(value)
-
-    def setpo_embed(self, texts: list[str]) -> list[list[float]]:
-        return [item.floats() for item in self.setpo.client.embeddings(texts).data]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

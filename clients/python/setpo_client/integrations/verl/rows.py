@@ -81,16 +81,6 @@ def member_lists(members: list[list[int]], texts: Sequence, rewards: Sequence[fl
     ]
 
 
-def row_rewards_and_advantages(scores: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
-    """Each row's reward, veRL's token-level scores summed over the response (what its GRPO sums; the scores, not
-    the rewards, so a KL penalty in the reward does not put a correct answer below min_reward), and its
-    advantage, the mean over the tokens veRL trains (one value on them for every group estimator; 0 for none).
-    scores, advantages, mask: (B, T)."""
-    trained = mask.to(advantages.dtype)
-    per_row = (advantages * trained).sum(-1) / trained.sum(-1).clamp(min=1)  # (B,)
-    return scores.sum(-1).tolist(), per_row.tolist()
-
-
 def listed(values) -> list:
     """A TransferQueue field of strings (uid) as a list."""
     return np.array(values.tolist() if hasattr(values, "tolist") else list(values), dtype=object).tolist()

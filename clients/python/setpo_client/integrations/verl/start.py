@@ -55,49 +55,34 @@ def check_start(config, trainer_class) -> None:
 
     if not SpecifierSet(TESTED_RANGE).contains(verl.__version__, prereleases=True):
         log.warning(
-            "SetPO's veRL plug-in is tested with veRL %s (setpo-client[verl]); this is %s",
-            TESTED_RANGE,
-            verl.__version__,
+            f"SetPO's veRL plug-in is tested with veRL {TESTED_RANGE} (setpo-client[verl]); this is {verl.__version__}"
         )
     keep = keeps_groups(settings)
     n, estimator = config.actor_rollout_ref.rollout.n, str(config.algorithm.adv_estimator)
     ready_timeout = float(settings.get("ready_timeout", 120.0))
     info = shaper_for(settings).start(n, estimator, GROUP_ESTIMATORS, spell, ready_timeout)
+    limits = info.limits
     log.info(
-        "SetPO on: lambda=%s with %s at %s (groups of %d; the service takes %d groups of at most %d a request, %d bytes)",
-        settings.get("weight", 0.05),
-        info.model,
-        settings["url"],
-        n,
-        info.limits.max_groups,
-        info.limits.max_group_size,
-        info.limits.max_body_bytes,
+        f"SetPO on: lambda={settings.get('weight', 0.05)} with {info.model} at {settings['url']} (groups of {n}; the "
+        f"service takes {limits.max_groups} groups of at most {limits.max_group_size} a request, {limits.max_body_bytes} bytes)"
     )
     log.info("SetPO diversity policy: %s", " ".join(f"{name}={settings.get(name)}" for name in POLICY_SETTINGS))
     if settings.get("advantage") not in (None, "framework"):
         # veRL 0.9 has neither MaxRL nor W-REINFORCE among its estimators: the shaper computes them
         log.info(
-            "SetPO: %s=%s replaces %s=%s's advantages for every group SetPO sees (veRL's estimator still runs); "
-            "rewards (rm_scores summed) must be 0 or 1",
-            spell("advantage"),
-            settings["advantage"],
-            spell("estimator"),
-            estimator,
+            f"SetPO: {spell('advantage')}={settings['advantage']} replaces {spell('estimator')}={estimator}'s advantages "
+            "for every group SetPO sees (veRL's estimator still runs); rewards (rm_scores summed) must be 0 or 1"
         )
     if (config.algorithm.get("filter_groups") or {}).get("enable", False):
         log.info(
-            "SetPO: DAPO's filter_groups %s the groups SetPO's bonus sets apart (keep_groups)",
-            "keeps" if keep else "drops",
+            f"SetPO: DAPO's filter_groups {'keeps' if keep else 'drops'} the groups SetPO's bonus sets apart (keep_groups)"
         )
     v1 = config.trainer.get("v1") or {}
     passes = (v1.get(v1.get("trainer_mode", "sync")) or {}).get("parameter_sync_step", 1)
     if passes > 1 and settings.get("target_ratio") is not None:
         log.warning(
-            "SetPO: parameter_sync_step=%d runs the advantage step %d times a training step; the weight controller "
-            "steps once a pass, so warmup_steps and freeze_after count passes (%d a training step)",
-            passes,
-            passes,
-            passes,
+            f"SetPO: parameter_sync_step={passes} runs the advantage step {passes} times a training step; the weight "
+            f"controller steps once a pass, so warmup_steps and freeze_after count passes ({passes} a training step)"
         )
     agent = config.actor_rollout_ref.rollout.get("agent") or {}
     built_in = agent.get("default_agent_loop", "single_turn_agent") in ("single_turn_agent", "tool_agent")
@@ -106,15 +91,10 @@ def check_start(config, trainer_class) -> None:
         # estimator but grpo, and veRL's config does not say how many: only the run can (the advantage step fits a
         # group the service cannot take, counted)
         log.warning(
-            "SetPO: with a custom agent loop and %s=%s a group holds %s=%d x the outputs a session returns; the "
-            "service takes at most %d members a group. A group above that is fitted: one member a session, its "
-            "final output, as veRL's GRPO counts them (setpo/fitted_groups); raise SETPO_MAX_GROUP_SIZE (and "
-            "SETPO_MAX_REQUEST_ROWS) on the service to score every output",
-            spell("estimator"),
-            estimator,
-            spell("group_size"),
-            n,
-            largest_group(info.limits),
+            f"SetPO: with a custom agent loop and {spell('estimator')}={estimator} a group holds {spell('group_size')}={n} "
+            f"x the outputs a session returns; the service takes at most {largest_group(limits)} members a group. A "
+            "group above that is fitted: one member a session, its final output, as veRL's GRPO counts them "
+            "(setpo/fitted_groups); raise SETPO_MAX_GROUP_SIZE (and SETPO_MAX_REQUEST_ROWS) on the service to score every output"
         )
 
 

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from .rows import fitted_sessions, listed, member_lists, policy_texts, row_rewards_and_advantages, session_groups
+from .rows import fitted_sessions, listed, member_lists, policy_texts, session_groups
 from .settings import keeps_groups, setpo_settings, shaper_for
 
 
@@ -85,11 +85,11 @@ def advantage_step(original, trainer, batch, metrics: dict):
     sessions, fitted = step_sessions(trainer, batch, uids, shaper, started)
     finals, members = session_groups(uids, sessions)
     advantages, padded_mask = fields["advantages"].to_padded_tensor(0.0), nested_mask.to_padded_tensor(0)  # (B, T)
-    # v1's advantage step reads the reward model's rm_scores as veRL's token_level_scores
-    rewards, row_advantages = row_rewards_and_advantages(
-        fields["rm_scores"].to_padded_tensor(0.0), advantages, padded_mask
-    )
-    groups, scores = member_lists(members, texts, rewards)
+    # a row's reward: its rm_scores summed, as v1's GRPO sums them (the scores, not the rewards, so a KL penalty does
+    # not put a correct answer below min_reward); its advantage: the mean over the tokens veRL trains (one value there)
+    trained = padded_mask.to(advantages.dtype)
+    row_advantages = ((advantages * trained).sum(-1) / trained.sum(-1).clamp(min=1)).tolist()  # (B,)
+    groups, scores = member_lists(members, texts, fields["rm_scores"].to_padded_tensor(0.0).sum(-1).tolist())
     given = [[row_advantages[row] for row in group] for group in members]  # veRL's, a member's one value
     step = shaper.shape(groups, rewards=scores, advantages=given, started=started)
     assert step.advantages is not None  # veRL's advantages were passed
