@@ -60,12 +60,12 @@ def test_a_controller_under_several_passes_a_step_is_told_at_start_what_its_step
 
 
 def test_steps_dropped_are_a_running_total_the_last_passs(server):
-    """setpo/dropped_steps (a step submitted and never collected, dropped when the next was submitted) counts the
+    """setpo/dropped_steps (a step submitted and never collected, dropped when another step is scored) counts the
     run's drops so far: the training step logs the last pass's count, not the passes' sum or mean."""
     shaper = SetpoShaper(SetpoClient(server.url), weight=0.3)
     passes = []
     for _ in range(2):
-        shaper.submit(GROUPS)  # never collected: the next submit drops it
+        shaper.submit(GROUPS[::-1])  # never collected: the step scored next is another, so this one is dropped
         passes.append(shaper.score(GROUPS, advantages=ADVANTAGES).metrics)
     assert [metrics["setpo/dropped_steps"] for metrics in passes] == [1, 2]
     aggregator = MetricsAggregator()
