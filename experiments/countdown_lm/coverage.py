@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from statistics import fmean
 
-from experiments.countdown_lm import job, report
+from experiments.countdown_lm import arms, job, report
 from experiments.countdown_lm.arms import Config
 from experiments.countdown_lm.report import BOOTSTRAP, cell, mean_std, paired_interval
 from setpo_client.keys import countdown_expression
@@ -230,8 +230,8 @@ def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Confi
     return results
 
 
-def validation_table(results: dict, chosen: dict) -> str:
-    winners = {chosen[kind]["config"].name for kind in ("combined", "single_base", "winner")}
+def validation_table(results: dict, chosen: dict | None) -> str:
+    winners = {chosen[kind]["config"].name for kind in ("combined", "single_base", "winner")} if chosen else set()
     lines = [
         "| config | eligible | pass@1 | pass@64 | AUC | solutions (first 64) | PCMD | lost | pass@1 / pass@64 over steps |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -246,6 +246,20 @@ def validation_table(results: dict, chosen: dict) -> str:
             f"| {cell(m['solutions'])} | {cell(m['pcmd'])} | {cell(m['lost'])} | {steps} |"
         )
     return "\n".join(lines)
+
+
+def progress(out: Path, plan) -> str:
+    """The validation table so far, for an experiment still running or stopped: every config of arms.coverage whose
+    validation seeds are all done (replay's comes once the rule has chosen), eligible against the floor of those."""
+    configs = arms.coverage(plan)
+    done = [c for c in configs if all(job.is_done(out, c, seed, "validation") for seed in plan.validation_seeds)]
+    rows = validation_rows(out, done, plan)
+    floor = floor_of(rows)[0] if any(r["config"].arm == "grpo" for r in rows) else float("-inf")
+    results = {
+        "validation": [{**r, "config": r["config"].as_dict()} for r in rows],
+        "choices": {"grpo_pass@1_floor": floor},
+    }
+    return f"{len(done)} of {len(configs)} validation configs done ({out})\n\n{validation_table(results, None)}"
 
 
 def test_table(results: dict) -> str:
@@ -288,3 +302,12 @@ def plot(results: dict, where: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
+
+
+if __name__ == "__main__":
+    # python -m experiments.countdown_lm.coverage --progress out/countdown_lm/v4: v4's validation table so far
+    import sys
+
+    from experiments.countdown_lm.plan import FULL
+
+    print(progress(Path(sys.argv[2]), FULL))

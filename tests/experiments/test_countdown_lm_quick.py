@@ -16,6 +16,7 @@ from experiments.countdown_lm.__main__ import main
 from experiments.countdown_lm.arms import Config, phase_one
 from experiments.countdown_lm.arms import coverage as coverage_arms
 from experiments.countdown_lm.coverage import HEADLINE as COVERAGE_HEADLINE
+from experiments.countdown_lm.coverage import progress as coverage_progress
 from experiments.countdown_lm.plan import QUICK
 from experiments.countdown_lm.report import progress, puzzles_of, same_samples
 from setpo_client.keys import countdown_expression
@@ -135,6 +136,10 @@ def test_quick_experiment_v4_runs_every_coverage_arm_with_checkpoints_and_report
         assert name == "grpo" or set(arm["versus_grpo"]) == set(COVERAGE_HEADLINE)
     for name in ("results.json", "validation.md", "test.md", "pass_at_k.png", "over_steps.png"):
         assert (tmp_path / "report-v4" / name).stat().st_size > 0
+    configs = coverage_arms(QUICK)  # the progress table a later sitting reads: every config done, a row each
+    table = coverage_progress(tmp_path, QUICK)
+    assert table.startswith(f"{len(configs)} of {len(configs)} validation configs done")
+    assert all(f"| {config.name} | yes" in table or f"| {config.name} | no" in table for config in configs)
 
 
 def test_coverage_measures_follow_their_definitions(tmp_path):
