@@ -9,7 +9,6 @@ base model solves it (a correct sample among its n) and the arm has none among i
 
 import json
 import random
-import shutil
 from collections import Counter
 from pathlib import Path
 from statistics import fmean
@@ -220,13 +219,9 @@ def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Confi
         "arms": arms_out,
         "std": "sample (ddof 1)",
     }
-    (where / "results.json").write_text(json.dumps(results, indent=1))
-    (where / "validation.md").write_text(validation_table(results, chosen) + "\n")
-    (where / "test.md").write_text(test_table(results) + "\n")
-    for path in plot(results, where):
-        if figures:
-            figures.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, figures / f"countdown_v4_{path.name}")
+    report.save(
+        where, results, validation_table(results, chosen), test_table(results), plot(results, where), figures, "v4"
+    )
     return results
 
 
@@ -285,10 +280,7 @@ def plot(results: dict, where: Path) -> list[Path]:
     ax.set_xlabel("k")
     ax.set_ylabel(f"pass@k (test, n = {results['samples']}; band: seed min-max)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths = [where / "pass_at_k.png"]
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths = [report.saved(fig, where / "pass_at_k.png")]
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key in zip(axes, ("pass@1", "pass@64")):
@@ -297,10 +289,7 @@ def plot(results: dict, where: Path) -> list[Path]:
         ax.set_xlabel("RL step")
         ax.set_title(f"validation {key} (mean of seeds)")
     axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(where / "over_steps.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(report.saved(fig, where / "over_steps.png"))
     return paths
 
 

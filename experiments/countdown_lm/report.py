@@ -278,14 +278,21 @@ def write(
         "std": "population (ddof 0)" if ddof == 0 else "sample (ddof 1)",
         "choices": choices,
     }
+    save(where, results, validation_table(results), test_table(results), plot(results, where), figures, version)
+    return results
+
+
+def save(
+    where: Path, results: dict, validation: str, test: str, plots: list[Path], figures: Path | None, version: str
+) -> None:
+    """A report's files under `where`, its plots copied to `figures` as countdown_<version>_<name>."""
     (where / "results.json").write_text(json.dumps(results, indent=1))
-    (where / "validation.md").write_text(validation_table(results) + "\n")
-    (where / "test.md").write_text(test_table(results) + "\n")
-    for path in plot(results, where):
+    (where / "validation.md").write_text(validation + "\n")
+    (where / "test.md").write_text(test + "\n")
+    for path in plots:
         if figures:
             figures.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, figures / f"countdown_{version}_{path.name}")
-    return results
 
 
 def cell(pair: list) -> str:
@@ -332,6 +339,16 @@ def test_table(results: dict, headline=HEADLINE, versus=(("versus_grpo", "GRPO")
     return "\n".join(lines)
 
 
+def saved(fig, path: Path) -> Path:
+    """The figure laid out, written to `path` and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(results: dict, where: Path) -> list[Path]:
     import matplotlib
 
@@ -353,10 +370,7 @@ def plot(results: dict, where: Path) -> list[Path]:
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k (test; band: seed min-max)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(where / "pass_at_k.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(saved(fig, where / "pass_at_k.png"))
 
     keys = ["solutions", "pcmd", "share_3"]
     fig, axes = plt.subplots(1, len(keys), figsize=(12, 4))
@@ -372,10 +386,7 @@ def plot(results: dict, where: Path) -> list[Path]:
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
         ax.set_title({"solutions": "distinct correct solutions", "pcmd": "PCMD", "share_3": "share with ≥ 3"}[key])
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(where / "solutions.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(saved(fig, where / "solutions.png"))
     return paths
 
 
