@@ -82,7 +82,7 @@ def test_the_bank_is_saved_in_every_checkpoint_and_loaded_on_resume(tiny_model, 
     loaded: list[int] = []
     resumed = make_trainer(tiny_model, client, tmp_path, max_steps=3, save_strategy="steps", save_steps=1)
     original = resumed.setpo_admit
-    resumed.setpo_admit = lambda output: (loaded.append(resumed.setpo_replay.size()), original(output))[1]
+    resumed.setpo_admit = lambda *args: (loaded.append(resumed.setpo_replay.size()), original(*args))[1]
     resumed.train(resume_from_checkpoint=True)
     assert loaded == [expected.size()]  # the one step left began from the saved bank
     assert resumed.state.global_step == 3

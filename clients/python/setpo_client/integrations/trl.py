@@ -205,22 +205,26 @@ class SetpoGRPOTrainer(GRPOTrainer):
         for name, value in metrics.items():
             self._metrics["train"][name].append(value)
         if self.setpo_replay is not None:
-            self.setpo_admit(output)
+            self.setpo_admit(output, mask, texts)
         return output
 
-    def setpo_admit(self, output: dict) -> None:
+    def setpo_admit(self, output: dict, mask: torch.Tensor, texts: list[str | None]) -> None:
         """Replay: this step's completions whose reward reaches setpo_min_reward go to their prompt's bank when they
-        differ from it, on the main process (one embeddings request); every process then holds the same bank."""
+        differ from it, on the main process (one embeddings request); every process then holds the same bank.
+        mask: this process's trained tokens (B, C); texts: every process's completions as shaped, gathered."""
         assert self.setpo_replay is not None and self.setpo_rewards is not None
         keys = prompt_keys(output["prompt_ids"], output["prompt_mask"])
-        local = [
-            (key, ids[row.bool()].tolist(), self.completion_text(ids, row))
-            for key, ids, row in zip(keys, output["completion_ids"], self.trained_mask(output))
-        ]
-        candidates = gather_object(local)  # every process's, in TRL's gather order, as the rewards
+        # every process's (prompt, trained ids), in TRL's gather order, as the texts and the rewards
+        answers = gather_object(
+            [(key, ids[row.bool()].tolist()) for key, ids, row in zip(keys, output["completion_ids"], mask)]
+        )
         floor = self.setpo.min_reward
         assert floor is not None  # required with replay (__init__)
-        verified = [c for c, r in zip(candidates, self.setpo_rewards.tolist()) if r >= floor and c[2] is not None]
+        verified = [
+            (key, ids, text)
+            for (key, ids), text, reward in zip(answers, texts, self.setpo_rewards.tolist())
+            if reward >= floor and text is not None
+        ]
         payload: list[Any] = [None]
         if self.accelerator.is_main_process:
             failed = 0.0
