@@ -12,7 +12,7 @@ import pytest
 
 from setpo_client import SetpoClient, SetpoError
 from setpo_client.keys import countdown_expression
-from setpo_client.policy import diversity_policy
+from setpo_client.policy import diversity_policy, keeps_groups
 from setpo_client.shaping import SetpoShaper
 from setpo_client.weight import WeightController
 
@@ -150,6 +150,30 @@ def test_a_controller_cannot_steer_a_weight_of_zero():  # it would raise lambda 
 def test_every_plug_in_s_policy_is_checked_in_one_place_naming_the_setting_as_its_user_spells_it(settings, match):
     with pytest.raises(ValueError, match=match):
         diversity_policy(settings, spell=lambda name: f"--s.{name}")
+
+
+@pytest.mark.parametrize(
+    "advantage,combine,kept",
+    [
+        ("framework", "add", True),  # lambda * s_i alone: the bonus is the push
+        ("maxrl", "reshare", False),  # all correct: 0 each, nothing to re-share
+        ("framework", "reshare", False),
+        ("w_reinforce", "reshare", True),  # all correct: +positive_weight each, re-shared by the bonus
+    ],
+)
+def test_keep_groups_is_on_by_default_with_a_scope_where_equal_rewards_have_a_push(advantage, combine, kept):
+    """One rule for every plug-in (veRL's keep_groups, setpo-train's --setpo.keep_groups, would_shape): DAPO's filter
+    keeps a group of equal rewards for its bonus only where the combined advantage gives such a group a push."""
+    assert keeps_groups(None, 1.0, advantage, combine) is kept
+    assert keeps_groups(None, None, advantage, combine) is False  # no scope: DAPO's filter as it is
+    assert keeps_groups(False, 1.0, advantage, combine) is False
+    if kept:
+        assert keeps_groups(True, 1.0, advantage, combine) is True
+    else:
+        with pytest.raises(
+            ValueError, match=rf"--s.keep_groups keeps .* --s.combine=reshare .*--s.advantage={advantage}"
+        ):
+            keeps_groups(True, 1.0, advantage, combine, spell=lambda name: f"--s.{name}")
 
 
 def test_a_policy_from_settings_is_what_the_shaper_takes():

@@ -244,7 +244,7 @@ def test_under_reshare_keep_groups_follows_the_base_equal_rewards_have_a_push_to
     assert list(lifted) == [0.0, float("inf")]
     capsys.readouterr()
     error = error_of(capsys, [*flags, "--setpo.advantage", "maxrl", "--setpo.keep_groups", "on"])
-    assert "--setpo.keep_groups on keeps groups of equal rewards" in error and "--setpo.combine reshare" in error
+    assert "--setpo.keep_groups keeps groups of equal rewards" in error and "--setpo.combine=reshare" in error
 
 
 def test_a_trainer_worker_without_the_key_the_start_checked_stops_at_its_start(tiny_model, server, monkeypatch):

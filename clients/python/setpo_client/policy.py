@@ -104,6 +104,30 @@ def check_form(
         raise ValueError(f"{spell('positive_weight')} must be a finite number > 0, got {positive_weight}")
 
 
+def pushes_equal_rewards(advantage: str, combine: str) -> bool:
+    """Whether a group of equal rewards gets a push to set its members apart by: lambda * s_i itself under
+    combine=add; under reshare, the base's positive advantage, which such a group has under w_reinforce alone (all
+    correct: +positive_weight each; 0 under the framework's and MaxRL's)."""
+    return combine == "add" or advantage == "w_reinforce"
+
+
+def keeps_groups(
+    keep: bool | None, min_reward: float | None, advantage: str, combine: str, spell: Callable[[str], str] = str
+) -> bool:
+    """keep_groups: DAPO's dynamic sampling keeps the groups of equal rewards the bonus sets apart; by default with
+    a scope (min_reward) where such a group has a push, and refused where it has none (it would train on nothing)."""
+    pushed = pushes_equal_rewards(advantage, combine)
+    if keep is None:
+        return min_reward is not None and pushed
+    if keep and not pushed:
+        raise ValueError(
+            f"{spell('keep_groups')} keeps groups of equal rewards for their bonus, but {spell('combine')}=reshare only "
+            f"re-shares a positive advantage, which {spell('advantage')}={advantage} gives such a group none of: "
+            f"drop {spell('keep_groups')}, or use {spell('advantage')}=w_reinforce"
+        )
+    return keep
+
+
 def check_steerable(weight: float, spell: Callable[[str], str] = str) -> None:
     """A WeightController steers lambda from the first step's: from 0 it would raise it to min_weight, SetPO on
     where the weight says off (SetpoShaper calls this too)."""

@@ -30,7 +30,7 @@ from typing import Literal
 from setpo_client.client import SetpoClient
 from setpo_client.errors import SetpoError
 from setpo_client.fitting import MIN_GROUP, Chunk, fit_step, largest_group, text_chars
-from setpo_client.policy import check_form, check_steerable
+from setpo_client.policy import check_form, check_steerable, pushes_equal_rewards
 from setpo_client.types import Advantage, Combine, GroupResult, Info, Kernel, Limits, Normalize
 from setpo_client.weight import WeightController
 
@@ -543,8 +543,7 @@ def would_shape(shaper: SetpoShaper, texts: Sequence[str | None], rewards: Seque
     them; clusters all of one size give equal marginals, as does one key shared by all under the hybrid kernel."""
     floor = shaper.min_reward
     scope = [text for text, reward in zip(texts, rewards) if text is not None and (floor is None or reward >= floor)]
-    pushed = shaper.combine == "add" or shaper.advantage == "w_reinforce"
-    if shaper.weight <= 0 or len(scope) < MIN_GROUP or not pushed:
+    if shaper.weight <= 0 or len(scope) < MIN_GROUP or not pushes_equal_rewards(shaper.advantage, shaper.combine):
         return False
     compared: list = scope
     if shaper.kernel != "embedding":

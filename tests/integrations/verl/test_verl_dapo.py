@@ -209,7 +209,7 @@ def test_would_shape_says_whether_the_bonus_would_set_the_members_apart(kernel, 
                 "+algorithm.setpo.combine=reshare",
                 "+algorithm.setpo.normalize=zscore",
             ],
-            r"\+algorithm\.setpo\.keep_groups=true .* \+algorithm\.setpo\.combine=reshare .*\.advantage=framework",
+            r"\+algorithm\.setpo\.keep_groups keeps .* \+algorithm\.setpo\.combine=reshare .*\.advantage=framework",
         ),
     ],
     ids=["not-a-bool", "reshare-with-nothing-to-reshare"],
@@ -218,14 +218,6 @@ def test_a_keep_groups_that_would_not_do_what_it_says_is_refused(server, overrid
     config = verl_config(*setpo(server.url, *overrides))
     with pytest.raises(ValueError, match=match):
         check_start(config, get_trainer_cls("sync"))
-
-
-def test_under_w_reinforce_a_reshared_all_correct_group_has_a_push_to_share_and_is_kept_by_default():
-    from setpo_client.integrations.verl.settings import keeps_groups
-
-    scoped = {"min_reward": 1.0, "normalize": "zscore", "combine": "reshare"}
-    assert keeps_groups({**scoped, "advantage": "w_reinforce"})  # +positive_weight each: re-shared by the bonus
-    assert not keeps_groups({**scoped, "advantage": "maxrl"})  # 0 each, as under GRPO: nothing to re-share
 
 
 def test_a_verl_whose_dapo_filter_is_not_the_plug_ins_is_refused_at_start(server, monkeypatch):

@@ -29,7 +29,15 @@ from collections.abc import Callable
 from typing import Any
 
 from setpo_client import SetpoClient, SetpoError
-from setpo_client.policy import ADVANTAGES, COMBINATIONS, CONTROLLER_SETTINGS, KERNELS, NORMALIZATIONS, diversity_policy
+from setpo_client.policy import (
+    ADVANTAGES,
+    COMBINATIONS,
+    CONTROLLER_SETTINGS,
+    KERNELS,
+    NORMALIZATIONS,
+    diversity_policy,
+    keeps_groups,
+)
 from setpo_client.shaping import SetpoShaper
 from setpo_trainer.openrlhf.flags import POLICY, spell
 from setpo_trainer.openrlhf.ray_hook import CHAINED_HOOK_VARIABLE, RUNTIME_ENV_HOOK, UV_RUN_HOOK
@@ -322,18 +330,16 @@ def check_setpo_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
             check_openrlhf()  # the base is computed in the experience maker: no bonus, no service
         return  # otherwise plain OpenRLHF, no service needed
     low, high = options["algo.dynamic_filtering_range"]
-    # re-sharing moves a positive advantage, which a group of equal rewards has under w_reinforce alone
-    pushed = policy["combine"] == "add" or policy["advantage"] == "w_reinforce"
-    keep = options["setpo.keep_groups"] or ("on" if options["setpo.min_reward"] is not None and pushed else "off")
-    if keep == "on" and options["setpo.min_reward"] is None:
+    keep, min_reward = options["setpo.keep_groups"], options["setpo.min_reward"]
+    if keep == "on" and min_reward is None:
         parser.error("--setpo.keep_groups on keeps the groups all of whose responses reach --setpo.min_reward: set it")
-    if keep == "on" and not pushed:
-        parser.error(
-            "--setpo.keep_groups on keeps groups of equal rewards for their bonus, but --setpo.combine reshare only "
-            f"re-shares a positive advantage, which --setpo.advantage {policy['advantage']} gives such a group none of: "
-            "drop --setpo.keep_groups, or use --setpo.advantage w_reinforce"
+    try:
+        keep = keeps_groups(
+            None if keep is None else keep == "on", min_reward, policy["advantage"], policy["combine"], spell
         )
-    if keep == "on" and options["algo.dynamic_filtering_enable"] and not math.isinf(high):
+    except ValueError as exc:
+        parser.error(str(exc))
+    if keep and options["algo.dynamic_filtering_enable"] and not math.isinf(high):
         # OpenRLHF keeps a group only if low < its mean reward < high, inside its sampling loop (no seam to hook): an
         # all-correct group's mean is the rewards' top, which the range's top is (0 1) or is below, whatever min_reward
         # (0.5 with 0/1 rewards too), so it would be dropped before SetPO sees it

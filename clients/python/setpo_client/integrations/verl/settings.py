@@ -5,6 +5,7 @@ from typing import Any
 
 from setpo_client.client import SetpoClient
 from setpo_client.policy import CONTROLLER_SETTINGS, diversity_policy
+from setpo_client.policy import keeps_groups as policy_keeps_groups
 from setpo_client.shaping import SetpoShaper
 
 POLICY_SETTINGS = (
@@ -78,21 +79,12 @@ def spell(name: str) -> str:
 
 
 def keeps_groups(settings: dict) -> bool:
-    """+algorithm.setpo.keep_groups: DAPO's filter keeps the groups the bonus sets apart (default: with a scope).
-    combine=reshare only re-shares a positive advantage, which a group of equal rewards has under w_reinforce alone
-    (all correct: +positive_weight each); under the other bases its bonus would train nothing: off, refused on."""
-    advantage = settings.get("advantage") or "framework"
-    pushes = settings.get("combine") != "reshare" or advantage == "w_reinforce"
-    value = settings.get("keep_groups", settings.get("min_reward") is not None and pushes)
-    if not isinstance(value, bool):
+    """+algorithm.setpo.keep_groups: DAPO's filter keeps the groups the bonus sets apart (setpo_client.policy)."""
+    value = settings.get("keep_groups")
+    if value is not None and not isinstance(value, bool):
         raise ValueError(f"{spell('keep_groups')} must be true or false, got {value!r}")
-    if value and not pushes:
-        raise ValueError(
-            f"{spell('keep_groups')}=true keeps groups of equal rewards for their bonus, but {spell('combine')}=reshare "
-            f"only re-shares a positive advantage, which {spell('advantage')}={advantage} gives such a group none of: "
-            f"drop {spell('keep_groups')}, or use {spell('advantage')}=w_reinforce"
-        )
-    return value
+    advantage, combine = settings.get("advantage") or "framework", settings.get("combine") or "add"
+    return policy_keeps_groups(value, settings.get("min_reward"), advantage, combine, spell)
 
 
 def shaper_for(settings: dict) -> SetpoShaper:
