@@ -1,12 +1,9 @@
 """A busy server's forward passes reuse the memory the previous ones freed (setpo_server.runtime.keep_freed_memory).
 
-With glibc's defaults the kernel faulted in and zeroed every batch's activations afresh: 300-500 k page faults
-and 0.7-0.9 s of kernel time per Countdown request (docs/benchmarks.md, "glibc's heaps"). Page faults are counted by
-the kernel, so this checks the behaviour without timing anything.
-
-But one heap has one lock: on a 16-core GPU host the tokenizer's threads queued on it, and tokenising ran 25x
-slower (2.6 against 0.10 ms a text; the service at 0.15 of in-process encode, docs/benchmarks.md, "glibc's heaps").
-So one heap only on a CPU with few threads; glibc's own report (malloc_info) says how many heaps a process has.
+With glibc's defaults the kernel faulted in and zeroed every batch's activations afresh; page faults are counted by
+the kernel, so this checks the behaviour without timing anything. But one heap has one lock, on which a many-core
+host's tokenizer threads queue: so one heap only on a CPU with few threads, and glibc's own report (malloc_info) says
+how many heaps a process has. Measurements: docs/benchmarks.md, "glibc's heaps".
 """
 
 import subprocess
@@ -19,7 +16,7 @@ from setpo_server.local import LocalServer
 from setpo_server.runtime import MALLOPT
 
 # 512 distinct Countdown-style answers of 20-60 tokens: batches of different shapes, as a real request brings
-# (texts of one length let glibc's defaults reuse memory by luck: 20-25 k faults a request either way)
+# (texts of one length let glibc's defaults reuse memory by luck)
 TEXTS = [
     f"<think>Try {i % 97} * {i % 7 + 2} first" + ", then add 3" * (i * 7 % 13) + f".</think> <answer>{i}</answer>"
     for i in range(512)
