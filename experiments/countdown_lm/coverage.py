@@ -184,7 +184,9 @@ def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Confi
     rng = random.Random(0)
     test = {c.name: runs_of(out, c, plan.coverage_test_seeds, "test") for c in finalists}
     grpo, keyless = test["grpo"], test.get("scoped-embedding-w0.3")
+    seen = {c.name: runs_of(out, c, plan.coverage_test_seeds, "train-seen") for c in finalists}
     base = summarize(out / "eval" / "base-test" / "samples.jsonl", out / "eval" / "base-test" / "samples.jsonl")
+    base_seen = out / "eval" / "base-train-seen" / "samples.jsonl"
     arms_out = {}
     for config in finalists:
         runs = test[config.name]
@@ -198,12 +200,20 @@ def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Confi
             else {k: paired_interval(runs, keyless, k, rng) for k in HEADLINE},
             "curves": [r["curve"] for r in runs],
             "lost_puzzles": {r["seed"]: r["lost_puzzles"] for r in runs},
+            "train_seen": {
+                "metrics": {key: mean_std([r[key] for r in seen[config.name]], ddof=1) for key in HEADLINE},
+                "lost_puzzles": {r["seed"]: r["lost_puzzles"] for r in seen[config.name]},
+            },
         }
     results = {
         "ks": list(KS),
         "samples": plan.coverage_samples,
         "bootstrap": BOOTSTRAP,
         "base": {key: base[key] for key in [*HEADLINE, "curve"]},
+        "base_train_seen": {
+            **{key: value for key, value in summarize(base_seen, base_seen).items() if key in HEADLINE},
+            "puzzles": plan.coverage_train_puzzles,
+        },
         "validation": [
             {**{k: v for k, v in r.items() if k != "config"}, "config": r["config"].as_dict()} for r in rows
         ],
@@ -258,7 +268,13 @@ def progress(out: Path, plan) -> str:
 
 
 def test_table(results: dict) -> str:
-    return report.test_table(results, HEADLINE, (("versus_grpo", "GRPO"), ("versus_keyless", "v3 keyless")), train=())
+    lines = [report.test_table(results, HEADLINE, (("versus_grpo", "GRPO"), ("versus_keyless", "v3 keyless")), ())]
+    for key in ("pass@1", "pass@64", "solutions", "lost"):  # where each run's policy trained: is a loss there too?
+        value = results["base_train_seen"][key]
+        row = [cell(arm["train_seen"]["metrics"][key]) for arm in results["arms"].values()]
+        label = f"{key}, {results['base_train_seen']['puzzles']} training puzzles"
+        lines.append(f"| {label} | {value:.3f} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def plot(results: dict, where: Path) -> list[Path]:

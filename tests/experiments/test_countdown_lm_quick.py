@@ -106,7 +106,8 @@ def test_quick_experiment_v4_runs_every_coverage_arm_with_checkpoints_and_report
     """v4 after v3, on v2's data and base model: the base model at n = coverage_samples, every arm of
     arms.coverage plus replay on the best combined form, each validation run's checkpoint evaluated (pass@1 and
     pass@64 over steps), the bases applied by the shaper (the advantages it logs are theirs), the replay threshold
-    calibrated, and report-v4 with the pass@k curve, AUC, lost puzzles and intervals against GRPO and v3's form."""
+    calibrated, and report-v4 with the pass@k curve, AUC, lost puzzles and intervals against GRPO and v3's form, and
+    each test run's policy on training puzzles beside the base model's."""
     results, tmp_path = quick[0]["v4"], quick[1] / "v4"
     assert (
         json.loads((tmp_path / "eval" / "base-validation" / "summary.json").read_text())["n"] == QUICK.coverage_samples
@@ -134,6 +135,15 @@ def test_quick_experiment_v4_runs_every_coverage_arm_with_checkpoints_and_report
         assert len(arm["curves"]) == len(QUICK.coverage_test_seeds) and len(arm["curves"][0]) == len(results["ks"])
         assert set(arm["lost_puzzles"]) == set(QUICK.coverage_test_seeds)  # per seed, possibly none
         assert name == "grpo" or set(arm["versus_grpo"]) == set(COVERAGE_HEADLINE)
+        # and on training puzzles every run trained on, beside the base model's: where else a puzzle is lost
+        assert set(arm["train_seen"]["lost_puzzles"]) == set(QUICK.coverage_test_seeds)
+        assert set(arm["train_seen"]["metrics"]) == set(COVERAGE_HEADLINE)
+    seen = json.loads((tmp_path / "eval" / "base-train-seen" / "summary.json").read_text())
+    assert seen["n"] == QUICK.coverage_samples and results["base_train_seen"]["puzzles"] == QUICK.coverage_train_puzzles
+    assert (
+        f"| pass@64, {QUICK.coverage_train_puzzles} training puzzles |"
+        in (tmp_path / "report-v4" / "test.md").read_text()
+    )
     for name in ("results.json", "validation.md", "test.md", "pass_at_k.png", "over_steps.png"):
         assert (tmp_path / "report-v4" / name).stat().st_size > 0
     configs = coverage_arms(QUICK)  # the progress table a later sitting reads: every config done, a row each
