@@ -196,6 +196,11 @@ def coverage_experiment(args: argparse.Namespace, plan: Plan, url: str) -> dict:
     chosen = coverage.choose(rows)
     picked = [arms.GRPO, chosen["winner"]["config"], chosen["single_base"]["config"], arms.KEYLESS]
     finalists = list({c.name: c for c in picked}.values())
+    seen = root / "data" / "train-seen.jsonl"  # the first training puzzles: where a test run's policy trained too
+    if not seen.exists():
+        with (root / "data" / "train.jsonl").open() as train:
+            seen.write_text("".join(line for _, line in zip(range(plan.coverage_train_puzzles), train)))
+    evaluate_base(root, plan, "train-seen", plan.coverage_samples)
     print(f"\n== v4 test: {', '.join(c.name for c in finalists)} x seeds {plan.coverage_test_seeds}", flush=True)
     run_all(args, plan, url, [(c, s, "test") for c in finalists for s in plan.coverage_test_seeds], root, True)
     results = coverage.write(root, plan, rows, chosen, finalists, args.figures)

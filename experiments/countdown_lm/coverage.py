@@ -185,7 +185,9 @@ def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Confi
     rng = random.Random(0)
     test = {c.name: runs_of(out, c, plan.coverage_test_seeds, "test") for c in finalists}
     grpo, keyless = test["grpo"], test.get("scoped-embedding-w0.3")
+    seen = {c.name: runs_of(out, c, plan.coverage_test_seeds, "train-seen") for c in finalists}
     base = summarize(out / "eval" / "base-test" / "samples.jsonl", out / "eval" / "base-test" / "samples.jsonl")
+    base_seen = out / "eval" / "base-train-seen" / "samples.jsonl"
     arms_out = {}
     for config in finalists:
         runs = test[config.name]
@@ -199,12 +201,20 @@ def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Confi
             else {k: paired_interval(runs, keyless, k, rng) for k in HEADLINE},
             "curves": [r["curve"] for r in runs],
             "lost_puzzles": {r["seed"]: r["lost_puzzles"] for r in runs},
+            "train_seen": {
+                "metrics": {key: mean_std([r[key] for r in seen[config.name]], ddof=1) for key in HEADLINE},
+                "lost_puzzles": {r["seed"]: r["lost_puzzles"] for r in seen[config.name]},
+            },
         }
     results = {
         "ks": list(KS),
         "samples": plan.coverage_samples,
         "bootstrap": BOOTSTRAP,
         "base": {key: base[key] for key in [*HEADLINE, "curve"]},
+        "base_train_seen": {
+            **{key: value for key, value in summarize(base_seen, base_seen).items() if key in HEADLINE},
+            "puzzles": plan.coverage_train_puzzles,
+        },
         "validation": [
             {**{k: v for k, v in r.items() if k != "config"}, "config": r["config"].as_dict()} for r in rows
         ],
@@ -259,6 +269,11 @@ def test_table(results: dict) -> str:
         for key in HEADLINE:
             row = [interval(results["arms"][n][versus][key]) if results["arms"][n][versus] else "" for n in names]
             lines.append(f"| {key}: arm - {label}, 95 % paired bootstrap | | " + " | ".join(row) + " |")
+    for key in ("pass@1", "pass@64", "solutions", "lost"):  # where each run's policy trained: is a loss there too?
+        value = results["base_train_seen"][key]
+        row = [cell(results["arms"][n]["train_seen"]["metrics"][key]) for n in names]
+        label = f"{key}, {results['base_train_seen']['puzzles']} training puzzles"
+        lines.append(f"| {label} | {value:.3f} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 

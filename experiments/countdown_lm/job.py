@@ -29,8 +29,8 @@ def is_done(out: Path, config: Config, seed: int, split: str) -> bool:
 def run(out: Path, plan: Plan, config: Config, seed: int, split: str, url: str, coverage: bool = False) -> dict:
     """Train (unless trained) and evaluate on `split` (unless evaluated); the run's train and eval summaries.
     coverage (experiment v4): plan.coverage_samples per puzzle, and on validation every plan.curve_every steps'
-    checkpoint evaluated too (eval-validation-step<N>), before the final policy, so a run whose final evaluation is
-    written is done whole."""
+    checkpoint evaluated too (eval-validation-step<N>), and on test the training puzzles too (eval-train-seen), before
+    the final policy, so a run whose final evaluation is written is done whole."""
     from experiments.countdown_lm.evaluate import evaluate
     from experiments.countdown_lm.rl import train
 
@@ -51,6 +51,10 @@ def run(out: Path, plan: Plan, config: Config, seed: int, split: str, url: str, 
             curve = where / f"eval-{split}-{step.name.replace('-', '')}"
             if not (curve / "summary.json").exists():
                 evaluate(step, split_file, curve, config.name, samples, plan.max_new_tokens, seed, None)
+        seen = where / "eval-train-seen"  # v4's test runs: the training puzzles __main__ wrote to train-seen.jsonl
+        if coverage and split == "test" and not (seen / "summary.json").exists():
+            train_seen = out / "data" / "train-seen.jsonl"
+            evaluate(where / "model", train_seen, seen, config.name, samples, plan.max_new_tokens, seed, None)
         evaluate(where / "model", split_file, evaluated, config.name, samples, plan.max_new_tokens, seed, None)
     return {"train": summary, "eval": json.loads((evaluated / "summary.json").read_text())}
 

@@ -64,6 +64,9 @@ class Plan:
     curve_every: int = 50
     reshare_weights: tuple[float, ...] = (0.5, 1.0)
     coverage_test_seeds: tuple[int, ...] = (100, 101, 102, 103, 104, 105, 106, 107)
+    # and each test run's final policy on the first training puzzles (every run trained on each of them: 400 steps x 8
+    # prompts > 2446 puzzles), beside the base model's: is a lost puzzle lost where the policy trained too?
+    coverage_train_puzzles: int = 32
 
 
 FULL = Plan()
@@ -88,4 +91,5 @@ QUICK = replace(
     curve_every=2,
     reshare_weights=(0.5,),
     coverage_test_seeds=(0,),
+    coverage_train_puzzles=2,
 )
