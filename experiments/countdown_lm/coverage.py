@@ -7,8 +7,10 @@ first 64 samples (ModeBench's identity: setpo_client.keys.countdown_expression);
 base model solves it (a correct sample among its n) and the arm has none among its n.
 """
 
+import argparse
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from statistics import fmean
@@ -267,6 +269,55 @@ def progress(out: Path, plan) -> str:
     return f"{len(done)} of {len(configs)} validation configs done ({out})\n\n{validation_table(results, None)}"
 
 
+def template(response: str) -> str:
+    """The last answer's expression with each number written n ('19 - ( 5 - 1 )' -> 'n - ( n - n )'), '(none)' without
+    an answer: a form a policy can carry from puzzle to puzzle, whatever the numbers."""
+    found = re.findall(r"<answer>(.*?)</answer>", response, re.S)
+    return " ".join(re.sub(r"\d+", "n", found[-1]).split()) if found else "(none)"
+
+
+def why_lost(out: Path, split: str = "validation", least: float = 0.01) -> str:
+    """Why puzzles are lost, in numbers, from every run's final evaluation on `split` under out: the share of each
+    template (among those of at least `least` of the base model's correct answers) in the base model's correct
+    answers and in every answer of each config (its seeds pooled); then each puzzle some run lost, with the runs that
+    lost it and the templates of the base model's correct answers to it."""
+    base = list(read_jsonl(out / "eval" / f"base-{split}" / "samples.jsonl"))
+    runs = sorted(out.glob(f"runs/*/seed*/eval-{split}/samples.jsonl"))
+    configs: dict[str, Counter] = {}
+    for samples in runs:
+        configs.setdefault(samples.parents[2].name, Counter()).update(
+            template(r["response"]) for _, r in read_jsonl(samples)
+        )
+    solved = Counter(template(r["response"]) for _, r in base if r["correct"])
+    shown = [t for t, count in solved.most_common() if count >= least * solved.total()]
+    lines = [
+        "| template | base: of its correct answers | base: of all | " + " | ".join(configs) + " |",
+        "|---|---|---|" + "---|" * len(configs),
+    ]
+    every = Counter(template(r["response"]) for _, r in base)
+    for t in shown:
+        shares = [f"{counts[t] / counts.total():.3f}" for counts in configs.values()]
+        lines.append(
+            f"| `{t}` | {solved[t] / solved.total():.3f} | {every[t] / every.total():.3f} | "
+            + " | ".join(shares)
+            + " |"
+        )
+    base_puzzles = puzzles_of(out / "eval" / f"base-{split}" / "samples.jsonl")
+    lost: dict[str, list[str]] = {}
+    for samples in runs:
+        for pid, entry in puzzles_of(samples).items():
+            if entry["correct"] == 0 and base_puzzles[pid]["correct"] > 0:
+                lost.setdefault(pid, []).append(f"{samples.parents[2].name}/{samples.parents[1].name}")
+    lines += ["", f"| puzzle | lost in (of {len(runs)} runs) | base: correct of n | base: its solutions' templates |"]
+    lines.append("|---|---|---|---|")
+    for pid, where in sorted(lost.items(), key=lambda item: -len(item[1])):
+        kinds = Counter(template(r["response"]) for _, r in base if r["problem_id"] == pid and r["correct"])
+        spelled = ", ".join(f"`{t}` {count}" for t, count in kinds.most_common())
+        entry = base_puzzles[pid]
+        lines.append(f"| {pid} | {len(where)} | {entry['correct']} of {entry['n']} | {spelled} |")
+    return "\n".join(lines)
+
+
 def test_table(results: dict) -> str:
     lines = [report.test_table(results, HEADLINE, (("versus_grpo", "GRPO"), ("versus_keyless", "v3 keyless")), ())]
     for key in ("pass@1", "pass@64", "solutions", "lost"):  # where each run's policy trained: is a loss there too?
@@ -310,9 +361,14 @@ def plot(results: dict, where: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    # python -m experiments.countdown_lm.coverage --progress out/countdown_lm/v4: v4's validation table so far
-    import sys
-
     from experiments.countdown_lm.plan import FULL
 
-    print(progress(Path(sys.argv[2]), FULL))
+    parser = argparse.ArgumentParser(description="experiment v4's tables from its runs under a folder (out/.../v4)")
+    parser.add_argument("--progress", type=Path, help="the validation table so far")
+    parser.add_argument("--why", type=Path, help="why puzzles are lost: templates and lost puzzles (why_lost)")
+    parser.add_argument("--split", default="validation", choices=["validation", "test", "train-seen"])
+    args = parser.parse_args()
+    if args.progress:
+        print(progress(args.progress, FULL))
+    if args.why:
+        print(why_lost(args.why, args.split))

@@ -229,3 +229,30 @@ def test_a_run_packed_twice_is_the_same_bytes(tmp_path):
     assert (tmp_path / "first.gz").read_bytes() == (tmp_path / "second.gz").read_bytes()
     unpack(tmp_path / "second.gz", tmp_path / "back.jsonl")
     assert (tmp_path / "back.jsonl").read_text() == plain.read_text()
+
+
+def test_why_lost_counts_each_template_and_names_the_lost_puzzles_with_the_base_models_solutions(tmp_path):
+    """A template is the answer with each number written n; its share is over the base model's correct answers and
+    over every answer of a config (its seeds pooled); a puzzle is listed with each run that lost it."""
+    from experiments.countdown_lm.coverage import template, why_lost
+
+    assert template("plan . <answer> 1 </answer> <answer> 19 - ( 5 - 1 ) </answer>") == "n - ( n - n )"
+    assert template("no answer") == "(none)"
+
+    def write(path: Path, rows: list[tuple[str, str, bool]]) -> None:
+        path.mkdir(parents=True)
+        lines = [
+            {"problem_id": pid, "sample": i, "response": f"<answer> {expr} </answer>", "correct": ok}
+            for i, (pid, expr, ok) in enumerate(rows)
+        ]
+        (path / "samples.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    # the base model: p by n + n (twice), q by n - n - n (once); config a's seed 0 answers q wrongly with n - n
+    write(tmp_path / "eval" / "base-validation", [("p", "1 + 2", True), ("p", "2 + 1", True), ("q", "9 - 3 - 1", True)])
+    write(tmp_path / "runs" / "a" / "seed0" / "eval-validation", [("p", "1 + 2", True), ("q", "9 - 3", False)])
+    write(tmp_path / "runs" / "a" / "seed1" / "eval-validation", [("p", "1 + 2", True), ("q", "9 - 3 - 1", True)])
+    table = why_lost(tmp_path, least=0.3).splitlines()
+    assert table[0] == "| template | base: of its correct answers | base: of all | a |"
+    assert table[2] == "| `n + n` | 0.667 | 0.667 | 0.500 |"  # 2 of the base's 3 correct answers, 2 of a's 4
+    assert table[3] == "| `n - n - n` | 0.333 | 0.333 | 0.250 |" and len(table) == 4 + 4  # 1 of 4; no n - n row
+    assert table[-1] == "| q | 1 | 1 of 1 | `n - n - n` 1 |"  # lost by a/seed0 only
