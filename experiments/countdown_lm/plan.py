@@ -64,8 +64,8 @@ class Plan:
     curve_every: int = 50
     reshare_weights: tuple[float, ...] = (0.5, 1.0)
     coverage_test_seeds: tuple[int, ...] = (100, 101, 102, 103, 104, 105, 106, 107)
-    # and each test run's final policy on the first training puzzles (every run trained on each of them: 400 steps x 8
-    # prompts > 2446 puzzles), beside the base model's: is a lost puzzle lost where the policy trained too?
+    # and each test run's final policy on the first training puzzles (400 steps x 8 prompts: TRL's sampler goes through
+    # all but 6 of the 2446 once, then again), beside the base model's: is a lost puzzle lost where it trained too?
     coverage_train_puzzles: int = 32
 
 
