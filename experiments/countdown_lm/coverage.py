@@ -133,6 +133,7 @@ def validation_rows(out: Path, configs: list[Config], plan) -> list[dict]:
                 "metrics": {key: mean_std([r[key] for r in runs], ddof=1) for key in HEADLINE},
                 "steps": [*steps, plan.rl.steps],
                 "over_steps": {key: [fmean(r[key] for r in at) for at in over_steps] for key in ("pass@1", "pass@64")},
+                "curve": [fmean(r["curve"][i] for r in runs) for i in range(len(KS))],
                 "seconds_per_step": fmean(r["train"]["seconds_per_step"] for r in runs),
             }
         )
@@ -189,6 +190,7 @@ def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Confi
     seen = {c.name: runs_of(out, c, plan.coverage_test_seeds, "train-seen") for c in finalists}
     base = summarize(out / "eval" / "base-test" / "samples.jsonl", out / "eval" / "base-test" / "samples.jsonl")
     base_seen = out / "eval" / "base-train-seen" / "samples.jsonl"
+    base_validation = out / "eval" / "base-validation" / "samples.jsonl"
     arms_out = {}
     for config in finalists:
         runs = test[config.name]
@@ -212,6 +214,7 @@ def write(out: Path, plan, rows: list[dict], chosen: dict, finalists: list[Confi
         "samples": plan.coverage_samples,
         "bootstrap": BOOTSTRAP,
         "base": {key: base[key] for key in [*HEADLINE, "curve"]},
+        "base_validation_curve": summarize(base_validation, base_validation)["curve"],
         "base_train_seen": {
             **{key: value for key, value in summarize(base_seen, base_seen).items() if key in HEADLINE},
             "puzzles": plan.coverage_train_puzzles,
@@ -357,6 +360,16 @@ def plot(results: dict, where: Path) -> list[Path]:
         ax.set_title(f"validation {key} (mean of seeds)")
     axes[1].legend(fontsize=7)
     paths.append(report.saved(fig, where / "over_steps.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))  # every config tried, against the base model: validation, step 400
+    ax.plot(ks, results["base_validation_curve"], color="black", ls="--", marker="o", label="base model")
+    for row in results["validation"]:
+        ax.plot(ks, row["curve"], marker=".", label=row["config"]["name"])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel(f"pass@k (validation, n = {results['samples']}, mean of seeds)")
+    ax.legend(fontsize=7)
+    paths.append(report.saved(fig, where / "validation_pass_at_k.png"))
     return paths
 
 

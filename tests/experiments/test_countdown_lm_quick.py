@@ -144,8 +144,16 @@ def test_quick_experiment_v4_runs_every_coverage_arm_with_checkpoints_and_report
         f"| pass@64, {QUICK.coverage_train_puzzles} training puzzles |"
         in (tmp_path / "report-v4" / "test.md").read_text()
     )
-    for name in ("results.json", "validation.md", "test.md", "pass_at_k.png", "over_steps.png"):
+    for name in (
+        "results.json",
+        "validation.md",
+        "test.md",
+        "pass_at_k.png",
+        "over_steps.png",
+        "validation_pass_at_k.png",
+    ):
         assert (tmp_path / "report-v4" / name).stat().st_size > 0
+    assert all(len(row["curve"]) == len(results["ks"]) for row in results["validation"])
     configs = coverage_arms(QUICK)  # the progress table a later sitting reads: every config done, a row each
     table = coverage_progress(tmp_path, QUICK)
     assert table.startswith(f"{len(configs)} of {len(configs)} validation configs done")
