@@ -21,7 +21,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 
 # One arithmetic on every x86 CPU: torch, MKL and oneDNN pick kernels by the CPU's instructions, and on an AVX-512
@@ -187,9 +186,9 @@ def coverage_experiment(args: argparse.Namespace, plan: Plan, url: str) -> dict:
             embed = lambda texts: [item.floats() for item in client.embeddings(texts).data]  # noqa: E731
             found = coverage.replay_threshold(root / "eval" / "base-validation" / "samples.jsonl", embed)
         calibration.write_text(json.dumps(found, indent=1))
-    threshold = json.loads(calibration.read_text())["threshold"]
+    configs.append(coverage.replay_config(root, chosen))
+    threshold = configs[-1].replay_threshold
     print(f"replay: answers with cosine >= {threshold} are one to the bank (base model's validation samples)")
-    configs.append(replace(chosen["combined"]["config"], replay=True, replay_threshold=threshold))
     print(f"\n== v4 validation: {configs[-1].name} (replay on the best combined form)", flush=True)
     run_all(args, plan, url, [(configs[-1], s, "validation") for s in plan.validation_seeds], root, True)
     rows = coverage.validation_rows(root, configs, plan)

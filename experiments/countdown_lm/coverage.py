@@ -12,6 +12,7 @@ import json
 import random
 import re
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from statistics import fmean
 
@@ -260,16 +261,30 @@ def validation_table(results: dict, chosen: dict | None) -> str:
 
 def progress(out: Path, plan) -> str:
     """The validation table so far, for an experiment still running or stopped: every config of arms.coverage whose
-    validation seeds are all done (replay's comes once the rule has chosen), eligible against the floor of those."""
+    validation seeds are all done, then replay's once both of its runs are, eligible against the floor of those; the
+    rule's picks marked once every config is in."""
     configs = arms.coverage(plan)
     done = [c for c in configs if all(job.is_done(out, c, seed, "validation") for seed in plan.validation_seeds)]
+    chosen = choose(validation_rows(out, done, plan)) if len(done) == len(configs) else None
+    if chosen and (out / "replay_threshold.json").exists():
+        replay = replay_config(out, chosen)
+        if all(job.is_done(out, replay, seed, "validation") for seed in plan.validation_seeds):
+            done.append(replay)
+            chosen = choose(validation_rows(out, done, plan))
     rows = validation_rows(out, done, plan)
     floor = floor_of(rows)[0] if any(r["config"].arm == "grpo" for r in rows) else float("-inf")
     results = {
         "validation": [{**r, "config": r["config"].as_dict()} for r in rows],
         "choices": {"grpo_pass@1_floor": floor},
     }
-    return f"{len(done)} of {len(configs)} validation configs done ({out})\n\n{validation_table(results, None)}"
+    table = validation_table(results, chosen)
+    return f"{len(done)} of {len(configs) + 1} validation configs done, replay's included ({out})\n\n{table}"
+
+
+def replay_config(out: Path, chosen: dict) -> Config:
+    """Replay's arm: the rule's best combined form with replay, at the threshold calibrated in replay_threshold.json."""
+    threshold = json.loads((out / "replay_threshold.json").read_text())["threshold"]
+    return replace(chosen["combined"]["config"], replay=True, replay_threshold=threshold)
 
 
 def template(response: str) -> str:

@@ -156,8 +156,10 @@ def test_quick_experiment_v4_runs_every_coverage_arm_with_checkpoints_and_report
     assert all(len(row["curve"]) == len(results["ks"]) for row in results["validation"])
     configs = coverage_arms(QUICK)  # the progress table a later sitting reads: every config done, a row each
     table = coverage_progress(tmp_path, QUICK)
-    assert table.startswith(f"{len(configs)} of {len(configs)} validation configs done")
-    assert all(f"| {config.name} | yes" in table or f"| {config.name} | no" in table for config in configs)
+    assert table.startswith(f"{len(configs) + 1} of {len(configs) + 1} validation configs done")  # replay's too
+    for name in [*(config.name for config in configs), f"{combined}-replay"]:
+        assert f"| {name} | yes" in table or f"| {name} | no" in table or f"| {name} **(chosen)** |" in table
+    assert f"| {results['choices']['winner']['name']} **(chosen)** |" in table
 
 
 def test_coverage_measures_follow_their_definitions(tmp_path):
