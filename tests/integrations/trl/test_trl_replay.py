@@ -3,6 +3,9 @@ that reach setpo_min_reward are banked when they differ, the loss gains alpha ti
 saved in every checkpoint and comes back on resume."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
@@ -100,3 +103,29 @@ def test_replay_needs_the_reward_a_verified_answer_reaches(tiny_model, client, t
             setpo_client=client,
             setpo_replay_weight=0.1,
         )
+
+
+def test_two_processes_train_on_when_only_one_has_answers_to_replay(tiny_model, server, tmp_path):
+    """Each process runs the replay forward on every step, a bank or not: a distributed model (DDP's buffer broadcast,
+    ZeRO-3's or FSDP's gathers) waits for every rank at each forward, so one that skipped it hung the other."""
+    from tests.integrations.trl.test_trl_plugin import free_port
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    command += ["--module", "tests.integrations.trl.two_process_replay", tiny_model, server.url, str(tmp_path)]
+    root = Path(__file__).parents[3]  # torchrun's workers import the script by module name, from the root
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    run = subprocess.Popen(command, cwd=root, **pipes)
+    try:
+        output = run.communicate(timeout=300)[0]
+    except subprocess.TimeoutExpired:  # SIGTERM: torchrun stops its workers (each in a session of its own) itself
+        run.terminate()
+        pytest.fail(
+            f"two processes with replay still running after 300 s: hung\n{run.communicate(timeout=60)[0][-3000:]}"
+        )
+    assert run.returncode == 0, output[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["bank"] == ranks[1]["bank"] and len(ranks[0]["bank"]["prompts"]) == 1  # the sum's answers only
+    # the case itself: a step on which one process replayed and the other had nothing to replay
+    steps = list(zip(ranks[0]["replay_prompts"], ranks[1]["replay_prompts"]))
+    assert any((a > 0) != (b > 0) for a, b in steps), steps

@@ -85,13 +85,22 @@ def prompt_keys(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[Key
 
 
 def replay_loss(
-    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, bank: ReplayBank, pad_id: int
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    bank: ReplayBank,
+    pad_id: int,
+    distributed: bool = False,
 ) -> tuple[torch.Tensor, int]:
     """The replay term for one micro-batch and the number of prompts it covered: for each prompt of the batch with a
     bank, the mean over its banked answers of each answer's mean token negative log-likelihood given the prompt
-    (length-normalised; equal weight per answer), averaged over those prompts (each weighing its rows in the batch)."""
+    (length-normalised; equal weight per answer), averaged over those prompts (each weighing its rows in the batch).
+    distributed: the model waits for every process at each forward (DDP's buffer broadcast, ZeRO-3's and FSDP's
+    gathers), so a batch with nothing to replay still runs one, on one of its tokens, at weight 0."""
     keys = prompt_keys(prompt_ids, prompt_mask)
     rows = {key: keys.count(key) for key in keys if bank.prompts.get(key)}
+    if not rows and distributed:
+        return model(input_ids=prompt_ids[:1, -1:]).logits.float().sum() * 0.0, 0
     if not rows:
         return prompt_ids.new_zeros((), dtype=torch.float32), 0
     sequences = [(key, list(key) + b.ids, len(b.ids)) for key in rows for b in bank.prompts[key]]

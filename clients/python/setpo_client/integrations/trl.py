@@ -249,7 +249,9 @@ class SetpoGRPOTrainer(GRPOTrainer):
         if self.setpo_replay is None or not self.model.training:
             return loss
         pad = self.processing_class.pad_token_id or 0
-        replayed, prompts = replay_loss(model, inputs["prompt_ids"], inputs["prompt_mask"], self.setpo_replay, pad)
+        distributed = self.accelerator.num_processes > 1
+        ids, mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        replayed, prompts = replay_loss(model, ids, mask, self.setpo_replay, pad, distributed)
         self._metrics["train"]["setpo/replay_loss"].append(replayed.item())
         self._metrics["train"]["setpo/replay_prompts"].append(float(prompts))
         return loss + self.setpo_replay_weight * replayed
