@@ -530,7 +530,17 @@ def test_the_gsm8k_recipe_keeps_the_papers_form_one_setting_away(tiny_model, ser
     run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_FORM": "paper"}, "--setpo.check_only")
     assert run.returncode == 0 and PAPER_FORM in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
     run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_FORM": "keyed"})
-    assert run.returncode == 2 and "SETPO_FORM must be recommended or paper, got 'keyed'" in run.stderr
+    assert run.returncode == 2 and "SETPO_FORM must be recommended, paper or coverage, got 'keyed'" in run.stderr
+
+
+def test_the_gsm8k_recipes_coverage_form_is_maxrl_without_a_bonus(tiny_model, server, tmp_path, run_recipe):
+    """SETPO_FORM=coverage: experiment v4's tested form for reach that setpo-train can run (replay is TRL's only)."""
+    env = {"MODEL_PATH": tiny_model, "DATA_PATH": str(tmp_path / "p.jsonl"), "SETPO_URL": server.url}
+    run = run_recipe("grpo_gsm8k.sh", {**env, "SETPO_FORM": "coverage"}, "--setpo.check_only")
+    assert run.returncode == 0 and "the arguments check out" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    argv = (tmp_path / "setpo-train-argv").read_text().split("\0")[:-1]
+    given = {flag: argv[i + 1] for i, flag in enumerate(argv) if flag in ("--setpo.advantage", "--setpo.weight")}
+    assert given == {"--setpo.advantage": "maxrl", "--setpo.weight": "0"}  # the last --setpo.weight wins
 
 
 def test_the_countdown_recipe_keeps_the_papers_form_one_setting_away(tiny_model, server, tmp_path, run_recipe):

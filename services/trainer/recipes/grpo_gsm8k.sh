@@ -6,6 +6,8 @@
 # The diversity policy is the keyless form experiment v3 recommends (docs/experiments.md; GSM8K has no solution
 # key): the bonus among correct answers only, compared by the embedder over the whole response, z-scored, held at
 # 0.7 of the advantage's RMS (the ratio its tested lambda 0.3 kept). SETPO_FORM=paper: the paper's own form.
+# SETPO_FORM=coverage: MaxRL's advantage and no bonus, what experiment v4's test split supports for reach (pass@64)
+# in setpo-train; v4's winner also replays verified answers, which only the TRL plug-in has (docs/diversity.md).
 #   python -m setpo_trainer.openrlhf.data gsm8k --out data/gsm8k_train.jsonl
 #   MODEL_PATH=Qwen/Qwen2.5-Math-1.5B DATA_PATH=data/gsm8k_train.jsonl SETPO_URL=http://setpo:8000 bash grpo_gsm8k.sh
 # shellcheck source=common.sh
@@ -14,7 +16,8 @@ source "$(dirname "$0")/common.sh"
 case "${SETPO_FORM:-recommended}" in
     recommended) FORM_FLAGS=(--setpo.min_reward 1.0 --setpo.normalize zscore --setpo.target_ratio 0.7) ;;
     paper) FORM_FLAGS=() ;;
-    *) echo "$RECIPE: SETPO_FORM must be recommended or paper, got '$SETPO_FORM'" >&2; exit 2 ;;
+    coverage) FORM_FLAGS=(--setpo.advantage maxrl --setpo.weight 0) ;;
+    *) echo "$RECIPE: SETPO_FORM must be recommended, paper or coverage, got '$SETPO_FORM'" >&2; exit 2 ;;
 esac
 
 exec setpo-train "${CLUSTER_FLAGS[@]}" \
