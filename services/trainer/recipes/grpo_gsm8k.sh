@@ -14,9 +14,9 @@
 source "$(dirname "$0")/common.sh"
 
 case "${SETPO_FORM:-recommended}" in
-    recommended) FORM_FLAGS=(--setpo.min_reward 1.0 --setpo.normalize zscore --setpo.target_ratio 0.7) ;;
-    paper) FORM_FLAGS=() ;;
-    coverage) FORM_FLAGS=(--setpo.advantage maxrl --setpo.weight 0) ;;
+    recommended) WEIGHT=0.05 FORM_FLAGS=(--setpo.min_reward 1.0 --setpo.normalize zscore --setpo.target_ratio 0.7) ;;
+    paper) WEIGHT=0.05 FORM_FLAGS=() ;;
+    coverage) WEIGHT=0 FORM_FLAGS=(--setpo.advantage maxrl) ;;
     *) echo "$RECIPE: SETPO_FORM must be recommended, paper or coverage, got '$SETPO_FORM'" >&2; exit 2 ;;
 esac
 
@@ -32,5 +32,5 @@ exec setpo-train "${CLUSTER_FLAGS[@]}" \
     --actor.adam.lr 3e-6 --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
     --actor.eps_clip 0.2 \
     --algo.kl.init_coef 1e-4 --algo.kl.use_loss --algo.kl.estimator k3 \
-    --setpo.url "$SETPO_URL" --setpo.weight 0.05 "${FORM_FLAGS[@]}" "${POLICY_FLAGS[@]}" \
+    --setpo.url "$SETPO_URL" --setpo.weight "$WEIGHT" "${FORM_FLAGS[@]}" "${POLICY_FLAGS[@]}" \
     "$@"
